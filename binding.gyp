@@ -1,0 +1,18 @@
+{
+  "targets": [
+    {
+      "target_name": "minisandbox",
+      "sources": [
+        "native/addon.cc",
+        "native/plan.cc",
+        "native/child.cc",
+        "native/exit_watch.cc"
+      ],
+      "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
+      "defines": ["NAPI_VERSION=8", "NAPI_DISABLE_CPP_EXCEPTIONS"],
+      
+      
+      "cflags_cc": ["-std=c++20", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-O2"]
+    }
+  ]
+}

@@ -1,0 +1,72 @@
+// The child side of a spawn: what runs between clone() and execve().
+#pragma once
+
+#include <cstdint>
+
+#include "plan.h"
+
+namespace msbx {
+
+// Each setup step that can fail. The parent turns (step, errno, op) into a
+// typed error naming the path; keep `kStepNames` in the same order.
+enum class Step : int32_t {
+  WaitParent,
+  SignalReset,
+  Hostname,
+  Loopback,
+  Propagation,
+  BaseTmpfs,
+  PivotToBase,
+  OpenOldRoot,
+  NewRootMount,
+  OpSource,
+  OpTarget,
+  OpMount,
+  OpSymlink,
+  OpWriteFile,
+  OpRemount,
+  RootReadonly,
+  DetachOldRoot,
+  PivotRoot,
+  Chroot,
+  ForkInit,
+  NewSession,
+  ControllingTty,
+  Fds,
+  Rlimit,
+  Setgroups,
+  Setgid,
+  Setuid,
+  Capabilities,
+  NoNewPrivs,
+  Chdir,
+  Exec,
+  DeathSignal,
+  Count,
+};
+
+extern const char* const kStepNames[];
+
+// Fixed-size record the child writes to the error pipe; one write() of it
+// is atomic (< PIPE_BUF), so the parent never sees half a record.
+struct ErrorRecord {
+  int32_t step;
+  int32_t err;
+  int32_t op;          // index into plan.ops, or -1
+  int32_t detail_len;  // bytes of kernel detail (fs context log), if any
+  char detail[240];
+};
+static_assert(sizeof(ErrorRecord) == 256, "ErrorRecord layout is part of the JS ABI");
+
+// File descriptors the child inherits, all opened O_CLOEXEC by the parent.
+struct ChildFds {
+  int sync_read;     // parent writes one byte once uid/gid maps are in place
+  int sync_write;    // the parent's end; the child closes its copy
+  int err_write;     // ErrorRecord channel; EOF at the parent means exec happened
+  int status_write;  // PID 1 writes the main process's wait status here
+  int pty_slave;     // -1 unless plan.pty
+};
+
+[[noreturn]] void RunChild(const Plan& plan, const ChildFds& fds);
+
+}  // namespace msbx

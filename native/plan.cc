@@ -1,0 +1,240 @@
+// Turns the JavaScript plan object into a Plan. Validation of meaning (which
+// paths, which defaults) belongs to the TypeScript side; this file checks
+// only shapes and types, so a malformed object is a TypeError, never a crash.
+#include "plan_js.h"
+
+#include <sys/resource.h>
+
+#include <cstring>
+
+namespace msbx {
+
+void Plan::finalize() {
+  argv_ptrs.clear();
+  for (auto& s : argv) argv_ptrs.push_back(s.data());
+  argv_ptrs.push_back(nullptr);
+  env_ptrs.clear();
+  for (auto& s : env) env_ptrs.push_back(s.data());
+  env_ptrs.push_back(nullptr);
+}
+
+namespace {
+
+struct Reader {
+  Napi::Env env;
+  std::string error;
+
+  bool Fail(const std::string& what) {
+    if (error.empty()) error = what;
+    return false;
+  }
+
+  bool Str(const Napi::Object& o, const char* key, std::string& out, bool required) {
+    Napi::Value v = o.Get(key);
+    if (v.IsUndefined() || v.IsNull()) return required ? Fail(std::string("plan.") + key + " is required") : true;
+    if (!v.IsString()) return Fail(std::string("plan.") + key + " must be a string");
+    out = v.As<Napi::String>().Utf8Value();
+    if (out.find('\0') != std::string::npos) return Fail(std::string("plan.") + key + " contains a NUL byte");
+    return true;
+  }
+
+  bool Bool(const Napi::Object& o, const char* key, bool& out) {
+    Napi::Value v = o.Get(key);
+    if (v.IsUndefined()) return true;
+    if (!v.IsBoolean()) return Fail(std::string("plan.") + key + " must be a boolean");
+    out = v.As<Napi::Boolean>().Value();
+    return true;
+  }
+
+  bool U32(const Napi::Object& o, const char* key, uint32_t& out) {
+    Napi::Value v = o.Get(key);
+    if (v.IsUndefined()) return true;
+    if (!v.IsNumber()) return Fail(std::string("plan.") + key + " must be a number");
+    double d = v.As<Napi::Number>().DoubleValue();
+    if (d < 0 || d > 4294967295.0 || d != static_cast<double>(static_cast<uint32_t>(d)))
+      return Fail(std::string("plan.") + key + " must be a 32-bit unsigned integer");
+    out = static_cast<uint32_t>(d);
+    return true;
+  }
+
+  bool StrList(const Napi::Object& o, const char* key, std::vector<std::string>& out) {
+    Napi::Value v = o.Get(key);
+    if (v.IsUndefined()) return true;
+    if (!v.IsArray()) return Fail(std::string("plan.") + key + " must be an array of strings");
+    Napi::Array a = v.As<Napi::Array>();
+    for (uint32_t i = 0; i < a.Length(); i++) {
+      Napi::Value e = a.Get(i);
+      if (!e.IsString()) return Fail(std::string("plan.") + key + " must be an array of strings");
+      std::string s = e.As<Napi::String>().Utf8Value();
+      if (s.find('\0') != std::string::npos) return Fail(std::string("plan.") + key + " has a NUL byte");
+      out.push_back(std::move(s));
+    }
+    return true;
+  }
+};
+
+// Overlay splits lowerdir on ':' and treats '\' as an escape.
+std::string EscapeOverlayPath(const std::string& p) {
+  std::string out;
+  for (char c : p) {
+    if (c == ':' || c == ',' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Host paths are reached through /oldroot while the new root is assembled.
+std::string HostPath(const std::string& p) { return "/oldroot" + p; }
+
+struct KindName {
+  const char* name;
+  OpKind kind;
+};
+const KindName kKinds[] = {
+    {"bind", OpKind::Bind},         {"tmpfs", OpKind::Tmpfs},         {"proc", OpKind::Proc},
+    {"devpts", OpKind::Devpts},     {"mqueue", OpKind::Mqueue},       {"overlay", OpKind::Overlay},
+    {"symlink", OpKind::Symlink},   {"mkdir", OpKind::Mkdir},         {"write-file", OpKind::WriteFile},
+    {"remount", OpKind::Remount},   {"mask-file", OpKind::MaskFile},  {"mask-dir", OpKind::MaskDir},
+};
+
+bool ReadOp(Reader& r, const Napi::Object& o, MountOp& m) {
+  std::string kind;
+  if (!r.Str(o, "kind", kind, true)) return false;
+  bool found = false;
+  for (const auto& k : kKinds) {
+    if (kind == k.name) {
+      m.kind = k.kind;
+      found = true;
+    }
+  }
+  if (!found) return r.Fail("unknown mount op kind '" + kind + "'");
+  if (!r.Str(o, "dst", m.dst, true)) return false;
+  if (m.dst.empty() || m.dst[0] != '/') return r.Fail("mount op dst must be absolute: '" + m.dst + "'");
+  if (!r.Str(o, "src", m.src, false) || !r.Str(o, "data", m.data, false)) return false;
+  if (!r.U32(o, "mode", m.mode)) return false;
+  bool ro = false, nosuid = false, nodev = false, noexec = false, in_root = false, optional = false,
+       userxattr = false;
+  if (!r.Bool(o, "readOnly", ro) || !r.Bool(o, "nosuid", nosuid) || !r.Bool(o, "nodev", nodev) ||
+      !r.Bool(o, "noexec", noexec) || !r.Bool(o, "srcInRoot", in_root) || !r.Bool(o, "optional", optional) ||
+      !r.Bool(o, "userxattr", userxattr))
+    return false;
+  const std::pair<bool, uint32_t> bits[] = {
+      {ro, OP_READONLY},        {nosuid, OP_NOSUID},     {nodev, OP_NODEV},        {noexec, OP_NOEXEC},
+      {in_root, OP_SRC_IN_ROOT}, {optional, OP_OPTIONAL}, {userxattr, OP_USERXATTR},
+  };
+  m.flags = 0;
+  for (const auto& [on, bit] : bits) m.flags |= on ? bit : 0u;
+  if (m.kind == OpKind::Bind && (m.src.empty() || m.src[0] != '/'))
+    return r.Fail("bind src must be absolute: '" + m.src + "'");
+  if (m.kind == OpKind::Symlink && m.src.empty()) return r.Fail("symlink needs src (the link text)");
+  if (m.kind == OpKind::Overlay) {
+    std::vector<std::string> lower;
+    if (!r.StrList(o, "lower", lower)) return false;
+    if (lower.empty()) return r.Fail("overlay needs at least one lower dir");
+    for (size_t i = 0; i < lower.size(); i++) {
+      if (lower[i].empty() || lower[i][0] != '/') return r.Fail("overlay lower dirs must be absolute");
+      if (i) m.lower.push_back(':');
+      m.lower += EscapeOverlayPath(HostPath(lower[i]));
+    }
+    std::string upper, work;
+    if (!r.Str(o, "upper", upper, false) || !r.Str(o, "work", work, false)) return false;
+    if (upper.empty() != work.empty()) return r.Fail("overlay upper and work go together");
+    if (!upper.empty()) {
+      m.upper = EscapeOverlayPath(HostPath(upper));
+      m.work = EscapeOverlayPath(HostPath(work));
+    }
+  }
+  return true;
+}
+
+struct NsName {
+  const char* name;
+  uint32_t flag;
+};
+const NsName kNamespaces[] = {
+    {"user", NS_USER}, {"mount", NS_MOUNT}, {"pid", NS_PID}, {"ipc", NS_IPC},
+    {"uts", NS_UTS},   {"net", NS_NET},     {"cgroup", NS_CGROUP},
+};
+
+}  // namespace
+
+bool ReadPlan(const Napi::Object& o, Plan& plan, std::string& error) {
+  Reader r{o.Env(), {}};
+  std::vector<std::string> ns;
+  if (!r.StrList(o, "namespaces", ns)) return error = r.error, false;
+  for (const auto& n : ns) {
+    bool found = false;
+    for (const auto& k : kNamespaces) {
+      if (n == k.name) {
+        plan.namespaces |= k.flag;
+        found = true;
+      }
+    }
+    if (!found) return error = "unknown namespace '" + n + "'", false;
+  }
+  if (!(plan.namespaces & NS_MOUNT)) return error = "the mount namespace is required", false;
+
+  bool ok = r.Str(o, "uidMap", plan.uid_map, false) && r.Str(o, "gidMap", plan.gid_map, false) &&
+            r.Bool(o, "denySetgroups", plan.deny_setgroups) && r.Str(o, "hostname", plan.hostname, false) &&
+            r.Bool(o, "pivot", plan.pivot) && r.Bool(o, "rootReadOnly", plan.root_readonly) &&
+            r.StrList(o, "argv", plan.argv) && r.StrList(o, "env", plan.env) &&
+            r.StrList(o, "execCandidates", plan.exec_candidates) && r.Str(o, "cwd", plan.cwd, true) &&
+            r.Bool(o, "noNewPrivs", plan.no_new_privs) && r.Bool(o, "newSession", plan.new_session) &&
+            r.Bool(o, "dieWithParent", plan.die_with_parent) && r.Bool(o, "asPid1", plan.as_pid1);
+  if (!ok) return error = r.error, false;
+  if (plan.argv.empty()) return error = "plan.argv must not be empty", false;
+  if (plan.exec_candidates.empty()) return error = "plan.execCandidates must not be empty", false;
+
+  Napi::Value ids = o.Get("user");
+  if (ids.IsObject()) {
+    Napi::Object u = ids.As<Napi::Object>();
+    if (!r.U32(u, "uid", plan.uid) || !r.U32(u, "gid", plan.gid)) return error = r.error, false;
+    plan.set_ids = true;
+  }
+
+  Napi::Value caps = o.Get("keepCaps");
+  if (caps.IsArray()) {
+    Napi::Array a = caps.As<Napi::Array>();
+    for (uint32_t i = 0; i < a.Length(); i++) {
+      Napi::Value c = a.Get(i);
+      if (!c.IsNumber()) return error = "plan.keepCaps must hold capability numbers", false;
+      int n = c.As<Napi::Number>().Int32Value();
+      if (n < 0 || n > 63) return error = "plan.keepCaps: capability out of range", false;
+      plan.keep_caps |= 1ull << n;
+    }
+  }
+
+  Napi::Value rl = o.Get("rlimits");
+  if (rl.IsArray()) {
+    Napi::Array a = rl.As<Napi::Array>();
+    for (uint32_t i = 0; i < a.Length(); i++) {
+      if (!a.Get(i).IsObject()) return error = "plan.rlimits entries must be objects", false;
+      Napi::Object e = a.Get(i).As<Napi::Object>();
+      Rlimit lim{};
+      Napi::Value res = e.Get("resource"), soft = e.Get("soft"), hard = e.Get("hard");
+      if (!res.IsNumber() || !soft.IsNumber() || !hard.IsNumber())
+        return error = "plan.rlimits entries need numeric resource, soft and hard", false;
+      lim.resource = res.As<Napi::Number>().Int32Value();
+      double s = soft.As<Napi::Number>().DoubleValue(), h = hard.As<Napi::Number>().DoubleValue();
+      lim.soft = s < 0 ? RLIM_INFINITY : static_cast<uint64_t>(s);
+      lim.hard = h < 0 ? RLIM_INFINITY : static_cast<uint64_t>(h);
+      plan.rlimits.push_back(lim);
+    }
+  }
+
+  Napi::Value ops = o.Get("ops");
+  if (!ops.IsArray()) return error = "plan.ops must be an array", false;
+  Napi::Array a = ops.As<Napi::Array>();
+  for (uint32_t i = 0; i < a.Length(); i++) {
+    if (!a.Get(i).IsObject()) return error = "plan.ops entries must be objects", false;
+    MountOp m;
+    if (!ReadOp(r, a.Get(i).As<Napi::Object>(), m)) return error = "plan.ops[" + std::to_string(i) + "]: " + r.error, false;
+    plan.ops.push_back(std::move(m));
+  }
+
+  Napi::Value pty = o.Get("pty");
+  plan.pty = pty.IsObject();
+  return true;
+}
+
+}  // namespace msbx

@@ -1,0 +1,108 @@
+// The spawn plan: everything the child needs, prepared before the fork.
+//
+// The child runs between clone() and execve() in a copy of a multithreaded
+// process, so it may not allocate, throw or touch V8. Every string it will
+// use is built here, in the parent, and the child only reads it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace msbx {
+
+// Mount-plan operations, executed in order inside the new root.
+enum class OpKind : int32_t {
+  Bind = 0,       // recursive bind of src (host path, or path in the new root) to dst
+  Tmpfs = 1,      // fresh tmpfs at dst, options in `data` ("size=..,mode=..")
+  Proc = 2,       // fresh procfs at dst
+  Devpts = 3,     // private devpts instance at dst, options in `data`
+  Mqueue = 4,     // POSIX message queue fs at dst
+  Overlay = 5,    // overlay at dst: `lower` (host paths), optional upper/work
+  Symlink = 6,    // symlink at dst pointing to `src` (text, not resolved)
+  Mkdir = 7,      // directory at dst with `mode`
+  WriteFile = 8,  // regular file at dst with `mode` and contents `data`
+  Remount = 9,    // change flags of the mount already at dst (ro, nosuid...)
+  MaskFile = 10,  // hide a file: bind the new root's /dev/null over it
+  MaskDir = 11,   // hide a directory: read-only empty tmpfs over it
+};
+
+enum OpFlag : uint32_t {
+  OP_READONLY = 1u << 0,
+  OP_NOSUID = 1u << 1,
+  OP_NODEV = 1u << 2,
+  OP_NOEXEC = 1u << 3,
+  OP_SRC_IN_ROOT = 1u << 4,  // bind source resolved inside the new root
+  OP_OPTIONAL = 1u << 5,     // a missing source or target is not an error
+  OP_USERXATTR = 1u << 6,    // overlay: user.overlay.* xattrs (user namespaces)
+};
+
+struct MountOp {
+  OpKind kind = OpKind::Mkdir;
+  uint32_t flags = 0;
+  uint32_t mode = 0755;
+  std::string src;   // host path (already absolute, resolved under the old root)
+  std::string dst;   // absolute path inside the new root
+  std::string data;  // fs options or file contents
+  std::string lower; // overlay lowerdir value, escaped and prefixed
+  std::string upper; // overlay upperdir, prefixed
+  std::string work;  // overlay workdir, prefixed
+};
+
+enum NsFlag : uint32_t {
+  NS_USER = 1u << 0,
+  NS_MOUNT = 1u << 1,
+  NS_PID = 1u << 2,
+  NS_IPC = 1u << 3,
+  NS_UTS = 1u << 4,
+  NS_NET = 1u << 5,
+  NS_CGROUP = 1u << 6,
+};
+
+struct Rlimit {
+  int resource;
+  uint64_t soft;
+  uint64_t hard;
+};
+
+// A child fd wired to a parent-provided fd (dup2(src, target)).
+struct FdMapping {
+  int target;
+  int source;
+};
+
+struct Plan {
+  uint32_t namespaces = 0;
+  std::string uid_map;      // written by the parent to /proc/<pid>/uid_map
+  std::string gid_map;
+  bool deny_setgroups = true;
+  std::string hostname;
+  bool pivot = true;        // false: chroot fallback (documented as weaker)
+  bool root_readonly = false;
+  std::vector<MountOp> ops;
+
+  // The process.
+  std::vector<std::string> argv;
+  std::vector<std::string> env;
+  std::vector<std::string> exec_candidates;  // argv[0] resolved against PATH
+  std::string cwd;
+  uint32_t uid = 0, gid = 0;  // inside the sandbox
+  bool set_ids = false;
+  bool no_new_privs = true;
+  uint64_t keep_caps = 0;     // bit mask of capabilities kept, 0 = drop all
+  bool new_session = true;
+  bool die_with_parent = true;
+  bool pty = false;
+  std::vector<Rlimit> rlimits;
+  std::vector<FdMapping> fds;  // sorted by target
+
+  // Process-group tree kill support when there is no PID namespace.
+  bool as_pid1 = false;  // exec the payload as PID 1 itself (no reaper)
+
+  // Pointers into the strings above, built last (vectors must not move).
+  std::vector<char*> argv_ptrs;
+  std::vector<char*> env_ptrs;
+  void finalize();
+};
+
+}  // namespace msbx

@@ -1,0 +1,16 @@
+// Reading a Plan from its JavaScript description.
+#pragma once
+
+#include <napi.h>
+
+#include <string>
+
+#include "plan.h"
+
+namespace msbx {
+
+// Fills `plan` from `obj`; on a malformed object returns false with `error`
+// naming the field. Stdio and pty fds are wired by the caller.
+bool ReadPlan(const Napi::Object& obj, Plan& plan, std::string& error);
+
+}  // namespace msbx
