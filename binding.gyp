@@ -6,7 +6,7 @@
         "native/addon.cc",
         "native/plan.cc",
         "native/child.cc",
-        "native/exit_watch.cc"
+        "native/watchers.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
       "defines": ["NAPI_VERSION=8", "NAPI_DISABLE_CPP_EXCEPTIONS"],

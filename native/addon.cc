@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -21,13 +22,10 @@
 #include <napi.h>
 
 #include "child.h"
-#include "exit_watch.h"
+#include "watchers.h"
 #include "plan_js.h"
 #include "sys.h"
 
-#ifndef TIOCGPTPEER
-#define TIOCGPTPEER _IO('T', 0x41)
-#endif
 
 namespace msbx {
 namespace {
@@ -84,7 +82,7 @@ std::string CloneHint(int err) {
 
 // stdio entry: "pipe" | "null" | "pty" | fd number to inherit.
 // Fills the child's source fd and, for pipes, the parent's end.
-bool WireStdio(Napi::Env env, Napi::Value spec, int target, int pty_slave, FdSet& owned, FdSet& child_only,
+bool WireStdio(Napi::Env env, Napi::Value spec, int target, bool pty, FdSet& owned, FdSet& child_only,
                Plan& plan, int& parent_end, std::string& error) {
   parent_end = -1;
   int source = -1;
@@ -103,8 +101,8 @@ bool WireStdio(Napi::Env env, Napi::Value spec, int target, int pty_slave, FdSet
       source = child_only.Add(open("/dev/null", O_RDWR | O_CLOEXEC));
       if (source < 0) return error = ErrnoText("open /dev/null", errno), false;
     } else if (s == "pty") {
-      if (pty_slave < 0) return error = "stdio 'pty' needs plan.pty", false;
-      source = pty_slave;
+      if (!pty) return error = "stdio 'pty' needs plan.pty", false;
+      source = kPtySlave;
     } else {
       return error = "stdio[" + std::to_string(target) + "]: unknown value '" + s + "'", false;
     }
@@ -133,24 +131,19 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   FdSet owned;       // parent ends, released into the result
   FdSet child_only;  // child ends, closed in the parent after clone
 
-  int pty_master = -1, pty_slave = -1;
+  // The terminal is allocated by the child inside the sandbox's own devpts
+  // and its master comes back over this socket.
+  int pty_sock[2] = {-1, -1};
   if (plan.pty) {
-    pty_master = owned.Add(open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC));
-    int unlock = 0;
-    if (pty_master < 0 || ioctl(pty_master, TIOCSPTLCK, &unlock) < 0) {
-      SysError(env, "allocating a pseudo-terminal", errno).ThrowAsJavaScriptException();
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pty_sock) < 0) {
+      SysError(env, "socketpair for the terminal", errno).ThrowAsJavaScriptException();
       return env.Undefined();
     }
-    pty_slave = child_only.Add(static_cast<int>(ioctl(pty_master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC)));
-    if (pty_slave < 0) {
-      SysError(env, "opening the pseudo-terminal's peer", errno).ThrowAsJavaScriptException();
-      return env.Undefined();
-    }
+    owned.Add(pty_sock[0]);
+    child_only.Add(pty_sock[1]);
     Napi::Object p = obj.Get("pty").As<Napi::Object>();
-    struct winsize ws{};
-    ws.ws_col = p.Get("cols").IsNumber() ? p.Get("cols").As<Napi::Number>().Uint32Value() : 80;
-    ws.ws_row = p.Get("rows").IsNumber() ? p.Get("rows").As<Napi::Number>().Uint32Value() : 24;
-    ioctl(pty_master, TIOCSWINSZ, &ws);
+    if (p.Get("cols").IsNumber()) plan.pty_cols = static_cast<uint16_t>(p.Get("cols").As<Napi::Number>().Uint32Value());
+    if (p.Get("rows").IsNumber()) plan.pty_rows = static_cast<uint16_t>(p.Get("rows").As<Napi::Number>().Uint32Value());
   }
 
   Napi::Value stdio_v = obj.Get("stdio");
@@ -161,7 +154,7 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   Napi::Array stdio = stdio_v.As<Napi::Array>();
   int parent_ends[3];
   for (int i = 0; i < 3; i++) {
-    if (!WireStdio(env, stdio.Get(i), i, pty_slave, owned, child_only, plan, parent_ends[i], error)) {
+    if (!WireStdio(env, stdio.Get(i), i, plan.pty, owned, child_only, plan, parent_ends[i], error)) {
       Napi::TypeError::New(env, error).ThrowAsJavaScriptException();
       return env.Undefined();
     }
@@ -220,7 +213,7 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
   args.exit_signal = SIGCHLD;
 
-  ChildFds cfds{sync[0], sync[1], err[1], status[1], pty_slave};
+  ChildFds cfds{sync[0], sync[1], err[1], status[1], pty_sock[1]};
 
   // Every signal stays blocked across clone() so none is delivered to the
   // child through Node's handlers before it resets them.
@@ -272,7 +265,7 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   give("stdin", parent_ends[0]);
   give("stdout", parent_ends[1]);
   give("stderr", parent_ends[2]);
-  give("ptyMaster", pty_master);
+  give("ptySocket", pty_sock[0]);
   return result;  // sync[1] closes with `owned`; the child has read its byte
 }
 
@@ -311,6 +304,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("signal", Napi::Function::New(env, Signal, "signal"));
   exports.Set("resizePty", Napi::Function::New(env, ResizePty, "resizePty"));
   exports.Set("watchExit", DefineExitWatch(env));
+  exports.Set("receiveFd", DefineReceiveFd(env));
 
   Napi::Array steps = Napi::Array::New(env);
   for (int i = 0; i < static_cast<int>(Step::Count); i++) steps.Set(i, Napi::String::New(env, kStepNames[i]));

@@ -25,6 +25,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -34,6 +35,10 @@
 #include <grp.h>
 
 #include <climits>
+
+#ifndef TIOCGPTPEER
+#define TIOCGPTPEER _IO('T', 0x41)
+#endif
 #include <cstring>
 
 #include "sys.h"
@@ -49,6 +54,7 @@ const char* const kStepNames[] = {
     "new-session",     "controlling-tty", "fds",         "rlimit",
     "setgroups",       "setgid",        "setuid",        "capabilities",
     "no-new-privs",    "chdir",         "exec",          "death-signal",
+    "pty",
 };
 static_assert(sizeof(kStepNames) / sizeof(kStepNames[0]) == static_cast<size_t>(Step::Count),
               "kStepNames must name every Step");
@@ -62,6 +68,8 @@ constexpr int kHighFd = 512;
 // The error pipe; a global so every helper can report without threading it
 // through. Set once at the start of RunChild (the child is single-threaded).
 int g_err_fd = -1;
+// The terminal's slave side once allocated (plan.pty), for kPtySlave.
+int g_pty_slave = -1;
 
 size_t Len(const char* s) {
   size_t n = 0;
@@ -395,7 +403,9 @@ void DoMaskFile(const MountOp& m, int op, int rootfd) {
     if (SkipOptional(m)) return;
     Fail(Step::OpTarget, op);
   }
-  int null_fd = OpenInRoot(rootfd, "/dev/null", O_PATH);
+  // An empty read-only file of the base tmpfs, so masking works with or
+  // without a /dev in the new root.
+  int null_fd = open("/masked", O_PATH | O_CLOEXEC);
   if (null_fd < 0) Fail(Step::OpSource, op);
   int tree = sys::open_tree(null_fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
   if (tree < 0) Fail(Step::OpMount, op);
@@ -470,6 +480,9 @@ void SetUpFilesystem(const Plan& plan) {
     Fail(Step::BaseTmpfs);
   if (sys::pivot_root(".", "oldroot") < 0) Fail(Step::PivotToBase);
   if (chdir("/") < 0) Fail(Step::PivotToBase);
+  int masked = open("masked", O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0444);
+  if (masked < 0) Fail(Step::BaseTmpfs);
+  close(masked);
   // pivot_root() needs the new root to be a mount point.
   if (mount("newroot", "newroot", nullptr, MS_BIND | MS_REC, nullptr) < 0) Fail(Step::NewRootMount);
 
@@ -519,7 +532,8 @@ void WireFds(const Plan& plan) {
   if (err_high < 0) Fail(Step::Fds);
   g_err_fd = err_high;
   for (size_t i = 0; i < n; i++) {
-    high[i] = fcntl(plan.fds[i].source, F_DUPFD_CLOEXEC, kHighFd);
+    int src = plan.fds[i].source == kPtySlave ? g_pty_slave : plan.fds[i].source;
+    high[i] = fcntl(src, F_DUPFD_CLOEXEC, kHighFd);
     if (high[i] < 0) Fail(Step::Fds);
   }
   for (size_t i = 0; i < n; i++) {
@@ -572,7 +586,7 @@ void DropCapabilities(uint64_t keep) {
   // A new session detaches from any terminal the caller has, which is what
   // stops TIOCSTI from typing into it (CVE-2017-5226).
   if ((plan.new_session || plan.pty) && setsid() < 0) Fail(Step::NewSession);
-  if (plan.pty && ioctl(fds.pty_slave, TIOCSCTTY, 0) < 0) Fail(Step::ControllingTty);
+  if (plan.pty && ioctl(g_pty_slave, TIOCSCTTY, 0) < 0) Fail(Step::ControllingTty);
   WireFds(plan);
 
   for (const Rlimit& r : plan.rlimits) {
@@ -611,6 +625,44 @@ void DropCapabilities(uint64_t keep) {
     if (errno != ENOENT && errno != ENOTDIR && errno != EACCES) break;
   }
   Fail(Step::Exec, -1, err);
+}
+
+// Allocates the terminal in the sandbox's own devpts, so ttyname() and
+// /dev/pts inside the sandbox agree, and hands the master to the parent.
+void OpenSandboxPty(const Plan& plan, int sock) {
+  int master = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (master < 0) Fail(Step::Pty);
+  int unlock = 0;
+  if (ioctl(master, TIOCSPTLCK, &unlock) < 0) Fail(Step::Pty);
+  struct winsize ws;
+  memset(&ws, 0, sizeof ws);
+  ws.ws_col = plan.pty_cols;
+  ws.ws_row = plan.pty_rows;
+  if (ioctl(master, TIOCSWINSZ, &ws) < 0) Fail(Step::Pty);
+  g_pty_slave = static_cast<int>(ioctl(master, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC));
+  if (g_pty_slave < 0) Fail(Step::Pty);
+
+  char byte = 'T';
+  struct iovec iov = {&byte, 1};
+  union {
+    char buf[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } ctl;
+  memset(&ctl, 0, sizeof ctl);
+  struct msghdr msg;
+  memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = ctl.buf;
+  msg.msg_controllen = sizeof ctl.buf;
+  struct cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(cm), &master, sizeof(int));
+  if (sendmsg(sock, &msg, MSG_NOSIGNAL) != 1) Fail(Step::Pty);
+  close(master);
+  close(sock);
 }
 
 void NoopHandler(int) {}
@@ -682,6 +734,7 @@ void NoopHandler(int) {}
     Fail(Step::Hostname);
   if (plan.namespaces & NS_NET) BringUpLoopback();
   SetUpFilesystem(plan);
+  if (plan.pty) OpenSandboxPty(plan, fds.pty_socket);
 
   if ((plan.namespaces & NS_PID) && !plan.as_pid1) {
     // Signals stay blocked across the fork so init cannot miss the main

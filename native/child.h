@@ -42,6 +42,7 @@ enum class Step : int32_t {
   Chdir,
   Exec,
   DeathSignal,
+  Pty,
   Count,
 };
 
@@ -64,7 +65,7 @@ struct ChildFds {
   int sync_write;    // the parent's end; the child closes its copy
   int err_write;     // ErrorRecord channel; EOF at the parent means exec happened
   int status_write;  // PID 1 writes the main process's wait status here
-  int pty_slave;     // -1 unless plan.pty
+  int pty_socket;    // plan.pty: the pty master is sent to the parent here
 };
 
 [[noreturn]] void RunChild(const Plan& plan, const ChildFds& fds);

@@ -23,7 +23,7 @@ enum class OpKind : int32_t {
   Mkdir = 7,      // directory at dst with `mode`
   WriteFile = 8,  // regular file at dst with `mode` and contents `data`
   Remount = 9,    // change flags of the mount already at dst (ro, nosuid...)
-  MaskFile = 10,  // hide a file: bind the new root's /dev/null over it
+  MaskFile = 10,  // hide a file: bind an empty read-only file over it
   MaskDir = 11,   // hide a directory: read-only empty tmpfs over it
 };
 
@@ -68,8 +68,9 @@ struct Rlimit {
 // A child fd wired to a parent-provided fd (dup2(src, target)).
 struct FdMapping {
   int target;
-  int source;
+  int source;  // kPtySlave: the terminal the child allocates itself
 };
+constexpr int kPtySlave = -2;
 
 struct Plan {
   uint32_t namespaces = 0;
@@ -92,7 +93,8 @@ struct Plan {
   uint64_t keep_caps = 0;     // bit mask of capabilities kept, 0 = drop all
   bool new_session = true;
   bool die_with_parent = true;
-  bool pty = false;
+  bool pty = false;            // a new terminal, allocated in the sandbox's devpts
+  uint16_t pty_cols = 80, pty_rows = 24;
   std::vector<Rlimit> rlimits;
   std::vector<FdMapping> fds;  // sorted by target
 

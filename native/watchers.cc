@@ -1,4 +1,6 @@
-#include "exit_watch.h"
+#include "watchers.h"
+
+#include <sys/socket.h>
 
 #include <errno.h>
 #include <signal.h>
@@ -127,5 +129,77 @@ Napi::Value Unref(const Napi::CallbackInfo& info) {
 }  // namespace
 
 Napi::Function DefineExitWatch(Napi::Env env) { return Napi::Function::New(env, WatchExit, "watchExit"); }
+
+namespace {
+
+struct Receive {
+  uv_poll_t poll;
+  int sock;
+  Napi::FunctionReference callback;
+};
+
+void OnReceiveClosed(uv_handle_t* h) {
+  Receive* r = static_cast<Receive*>(h->data);
+  close(r->sock);
+  delete r;
+}
+
+void OnSocketReadable(uv_poll_t* handle, int status, int) {
+  Receive* r = static_cast<Receive*>(handle->data);
+  int fd = -1, err = 0;
+  if (status < 0) {
+    err = EIO;
+  } else {
+    char byte;
+    struct iovec iov = {&byte, 1};
+    union {
+      char buf[CMSG_SPACE(sizeof(int))];
+      struct cmsghdr align;
+    } ctl;
+    struct msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = sizeof ctl.buf;
+    ssize_t n = recvmsg(r->sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    struct cmsghdr* cm = n > 0 ? CMSG_FIRSTHDR(&msg) : nullptr;
+    if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+    else err = n < 0 ? errno : EPIPE;  // EOF: setup failed before the terminal existed
+  }
+  uv_poll_stop(&r->poll);
+  Napi::Env env = r->callback.Env();
+  Napi::HandleScope scope(env);
+  Napi::Function cb = r->callback.Value();
+  r->callback.Reset();
+  uv_close(reinterpret_cast<uv_handle_t*>(&r->poll), OnReceiveClosed);
+  cb.MakeCallback(env.Global(), {err ? Napi::Number::New(env, err) : env.Null(), fd >= 0 ? Napi::Number::New(env, fd) : env.Null()}, nullptr);
+}
+
+// receiveFd(socketFd, callback(errno | null, fd | null)); takes ownership of socketFd.
+Napi::Value ReceiveFd(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 2 || !info[0].IsNumber() || !info[1].IsFunction()) {
+    Napi::TypeError::New(env, "receiveFd(socketFd, callback)").ThrowAsJavaScriptException();
+    return env.Undefined();
+  }
+  Receive* r = new Receive();
+  r->sock = info[0].As<Napi::Number>().Int32Value();
+  r->callback = Napi::Persistent(info[1].As<Napi::Function>());
+  r->poll.data = r;
+  uv_loop_t* loop = nullptr;
+  napi_get_uv_event_loop(env, &loop);
+  int rc = uv_poll_init(loop, &r->poll, r->sock);
+  if (rc == 0) rc = uv_poll_start(&r->poll, UV_READABLE | UV_DISCONNECT, OnSocketReadable);
+  if (rc != 0) {
+    delete r;
+    Napi::Error::New(env, std::string("watching the terminal socket: ") + uv_strerror(rc)).ThrowAsJavaScriptException();
+  }
+  return env.Undefined();
+}
+
+}  // namespace
+
+Napi::Function DefineReceiveFd(Napi::Env env) { return Napi::Function::New(env, ReceiveFd, "receiveFd"); }
 
 }  // namespace msbx

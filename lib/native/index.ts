@@ -1,0 +1,135 @@
+/**
+ * Typed wrapper of the native addon. The addon executes a plan; it holds no
+ * policy. Everything here mirrors native/plan.cc and native/addon.cc.
+ */
+import { createRequire } from 'node:module';
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export type NamespaceName = 'user' | 'mount' | 'pid' | 'ipc' | 'uts' | 'net' | 'cgroup';
+
+interface MountFlags {
+  readOnly?: boolean;
+  nosuid?: boolean;
+  nodev?: boolean;
+  noexec?: boolean;
+  /** A missing source or target is skipped instead of failing. */
+  optional?: boolean;
+}
+
+/** One step of the mount plan, executed in order inside the new root. */
+export type NativeOp =
+  | ({ kind: 'bind'; src: string; dst: string; srcInRoot?: boolean } & MountFlags)
+  | ({ kind: 'tmpfs'; dst: string; data?: string; mode?: number } & MountFlags)
+  | ({ kind: 'proc'; dst: string } & MountFlags)
+  | ({ kind: 'devpts'; dst: string; data?: string } & MountFlags)
+  | ({ kind: 'mqueue'; dst: string } & MountFlags)
+  | ({ kind: 'overlay'; dst: string; lower: string[]; upper?: string; work?: string; userxattr?: boolean } & MountFlags)
+  | { kind: 'symlink'; src: string; dst: string }
+  | { kind: 'mkdir'; dst: string; mode?: number }
+  | { kind: 'write-file'; dst: string; data: string; mode?: number }
+  | ({ kind: 'remount'; dst: string } & MountFlags)
+  | { kind: 'mask-file'; dst: string; optional?: boolean }
+  | { kind: 'mask-dir'; dst: string; optional?: boolean };
+
+export type NativeStdio = 'pipe' | 'null' | 'pty' | number;
+
+export interface NativePlan {
+  namespaces: NamespaceName[];
+  uidMap?: string;
+  gidMap?: string;
+  denySetgroups?: boolean;
+  hostname?: string;
+  /** false: chroot instead of pivot_root (weaker, documented fallback). */
+  pivot?: boolean;
+  rootReadOnly?: boolean;
+  ops: NativeOp[];
+  argv: string[];
+  env: string[];
+  /** argv[0] resolved against PATH, as paths inside the sandbox. */
+  execCandidates: string[];
+  cwd: string;
+  user?: { uid: number; gid: number };
+  noNewPrivs?: boolean;
+  keepCaps?: number[];
+  newSession?: boolean;
+  dieWithParent?: boolean;
+  asPid1?: boolean;
+  rlimits?: { resource: number; soft: number; hard: number }[];
+  stdio: [NativeStdio, NativeStdio, NativeStdio];
+  extraFds?: { target: number; fd: number }[];
+  pty?: { cols: number; rows: number };
+}
+
+export interface NativeSpawnResult {
+  pid: number;
+  pidfd: number;
+  /** Setup errors arrive here as 256-byte records; EOF means exec happened. */
+  errFd: number;
+  /** PID 1 writes the main process's wait status here before it exits. */
+  statusFd: number;
+  stdin: number | null;
+  stdout: number | null;
+  stderr: number | null;
+  /** With plan.pty: the child sends the terminal's master fd over this socket. */
+  ptySocket: number | null;
+}
+
+export interface ExitWatch {
+  ref(): void;
+  unref(): void;
+}
+
+interface Addon {
+  spawn(plan: NativePlan): NativeSpawnResult;
+  signal(pidfd: number, signo: number): boolean;
+  resizePty(fd: number, cols: number, rows: number): void;
+  watchExit(
+    pidfd: number,
+    statusFd: number,
+    callback: (exitCode: number | null, signal: number | null, fromInit: boolean) => void,
+  ): ExitWatch;
+  /** Takes ownership of socketFd; calls back once with the fd received or an errno. */
+  receiveFd(socketFd: number, callback: (errno: number | null, fd: number | null) => void): void;
+  stepNames: string[];
+  errorRecordSize: number;
+  rlimitResources: Record<string, number>;
+}
+
+/** The package root, found from this file whether run from lib/ or dist/lib/. */
+export function packageRoot(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  while (!existsSync(join(dir, 'package.json')) || !existsSync(join(dir, 'binding.gyp'))) {
+    const up = dirname(dir);
+    if (up === dir) throw new Error('minisandbox: cannot find the package root (binding.gyp)');
+    dir = up;
+  }
+  return dir;
+}
+
+const require = createRequire(import.meta.url);
+const bindings = require('bindings') as (opts: { bindings: string; module_root: string }) => Addon;
+
+export const native: Addon = bindings({ bindings: 'minisandbox', module_root: packageRoot() });
+
+/** A setup failure as the child reported it. */
+export interface ErrorRecord {
+  step: string;
+  errno: number;
+  /** Index into plan.ops, or -1. */
+  op: number;
+  /** The kernel's own words, when a filesystem context logged them. */
+  detail: string;
+}
+
+export function decodeErrorRecord(buf: Buffer): ErrorRecord {
+  const stepIndex = buf.readInt32LE(0);
+  const len = Math.max(0, Math.min(buf.readInt32LE(12), native.errorRecordSize - 16));
+  return {
+    step: native.stepNames[stepIndex] ?? `step-${stepIndex}`,
+    errno: buf.readInt32LE(4),
+    op: buf.readInt32LE(8),
+    detail: buf.subarray(16, 16 + len).toString('utf8').replace(/\0+$/, '').trim(),
+  };
+}

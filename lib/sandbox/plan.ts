@@ -1,0 +1,369 @@
+/**
+ * Options -> validated native plan. Every check that can be made before a
+ * fork is made here, so a bad option is a ConfigError naming the option and
+ * the reason, and never a half-made sandbox.
+ */
+import { existsSync, realpathSync, statSync } from 'node:fs';
+import { posix } from 'node:path';
+import type { NamespaceName, NativeOp, NativePlan, NativeStdio } from '../native/index.js';
+import { native } from '../native/index.js';
+import { ConfigError } from './errors.js';
+import type { Mount, ProcessOptions, SandboxOptions, SpawnOptions, StdioOption } from './options.js';
+import {
+  CAPABILITIES,
+  DEFAULT_PATH,
+  WORK_DIR,
+  devOps,
+  hostRootOps,
+  identityFileOps,
+  procOps,
+} from './policy.js';
+
+const SANDBOX_KEYS = [
+  'root', 'mounts', 'workDir', 'proc', 'dev', 'tmp', 'readOnlyRoot', 'hostname', 'network',
+  'namespaces', 'mapUser', 'rootSwitch',
+] as const;
+const PROCESS_KEYS = [
+  'argv', 'env', 'inheritEnv', 'cwd', 'user', 'rlimits', 'capabilities', 'noNewPrivs', 'newSession',
+  'dieWithParent', 'stdin', 'stdout', 'stderr', 'pty', 'fds', 'timeout', 'signal',
+] as const;
+const RUN_KEYS = ['input', 'maxBuffer', 'encoding'] as const;
+export const KNOWN_OPTION_KEYS = new Set<string>([...SANDBOX_KEYS, ...PROCESS_KEYS, ...RUN_KEYS]);
+const OPTIONAL_NAMESPACES = ['user', 'pid', 'ipc', 'uts', 'cgroup'] as const;
+
+function fail(option: string, reason: string): never {
+  throw new ConfigError(`${option}: ${reason}`, option);
+}
+
+/** An absolute, normalised path inside the sandbox ("/a/b", never "/a/../b"). */
+export function checkSandboxPath(option: string, p: unknown): string {
+  if (typeof p !== 'string' || p.length === 0) fail(option, 'must be a non-empty string');
+  if (!p.startsWith('/')) fail(option, `'${p}' must be an absolute path`);
+  if (p.includes('\0')) fail(option, 'contains a NUL byte');
+  if (p.split('/').includes('..')) fail(option, `'${p}' must not contain '..'`);
+  const norm = posix.normalize(p);
+  return norm.length > 1 ? norm.replace(/\/$/, '') : norm;
+}
+
+/** A host path that must exist; returned with symlinks resolved. */
+function hostPath(option: string, p: unknown, what: string): string {
+  if (typeof p !== 'string' || p.length === 0) fail(option, 'must be a non-empty string');
+  if (!p.startsWith('/')) fail(option, `${what} '${p}' must be an absolute path`);
+  if (!existsSync(p)) fail(option, `${what} ${p} does not exist`);
+  return realpathSync(p);
+}
+
+function hostDir(option: string, p: unknown, what: string): string {
+  const real = hostPath(option, p, what);
+  if (!statSync(real).isDirectory()) fail(option, `${what} ${p} is not a directory`);
+  return real;
+}
+
+function mode(option: string, m: unknown, fallback: number): number {
+  if (m === undefined) return fallback;
+  if (typeof m !== 'number' || !Number.isInteger(m) || m < 0 || m > 0o7777) fail(option, 'must be a permission mode like 0o755');
+  return m;
+}
+
+function tmpfsData(option: string, size: unknown, m: number): string {
+  let data = `mode=${m.toString(8).padStart(4, '0')}`;
+  if (size !== undefined) {
+    if (typeof size === 'number' && Number.isFinite(size) && size > 0) data += `,size=${Math.floor(size)}`;
+    else if (typeof size === 'string' && /^\d+[kmg%]?$/i.test(size)) data += `,size=${size}`;
+    else fail(option, `size '${String(size)}' must be bytes or a tmpfs size like '64m' or '10%'`);
+  }
+  return data;
+}
+
+/** Overlay in a user namespace needs user.* xattrs (kernel >= 5.11). */
+function mountOps(m: Mount, i: number, userns: boolean): NativeOp[] {
+  const at = `mounts[${i}]`;
+  if (typeof m !== 'object' || m === null) fail(at, 'must be an object');
+  const target = checkSandboxPath(`${at}.target`, m.target);
+  switch (m.type) {
+    case 'bind': {
+      if (m.optional && typeof m.source === 'string' && !existsSync(m.source)) return [];
+      const src = hostPath(`${at}.source`, m.source, 'bind source');
+      return [{ kind: 'bind', src, dst: target, readOnly: !!m.readOnly, nosuid: true, nodev: !m.devices }];
+    }
+    case 'tmpfs': {
+      const data = tmpfsData(`${at}.size`, m.size, mode(`${at}.mode`, m.mode, 0o755));
+      return [{ kind: 'tmpfs', dst: target, data, nosuid: true, nodev: true, readOnly: !!m.readOnly }];
+    }
+    case 'overlay': {
+      if (!Array.isArray(m.lower) || m.lower.length === 0) fail(`${at}.lower`, 'needs at least one lower directory');
+      const lower = m.lower.map((l, j) => hostDir(`${at}.lower[${j}]`, l, 'overlay lower dir'));
+      if ((m.upper === undefined) !== (m.work === undefined)) fail(at, 'overlay upper and work must be given together');
+      const op: NativeOp = { kind: 'overlay', dst: target, lower, nosuid: true, nodev: true, userxattr: userns };
+      if (m.upper !== undefined && m.work !== undefined) {
+        op.upper = hostDir(`${at}.upper`, m.upper, 'overlay upper dir');
+        op.work = hostDir(`${at}.work`, m.work, 'overlay work dir');
+        if (statSync(op.upper).dev !== statSync(op.work).dev) fail(at, `overlay upper ${m.upper} and work ${m.work} must be on the same filesystem`);
+        if (op.upper === op.work) fail(at, 'overlay upper and work must be different directories');
+      }
+      return [op];
+    }
+    case 'proc':
+      return procOps(target);
+    case 'dev':
+      return devOps(target);
+    case 'symlink':
+      if (typeof m.linkTo !== 'string' || m.linkTo.length === 0) fail(`${at}.linkTo`, 'must be a non-empty string');
+      return [{ kind: 'symlink', src: m.linkTo, dst: target }];
+    case 'dir':
+      return [{ kind: 'mkdir', dst: target, mode: mode(`${at}.mode`, m.mode, 0o755) }];
+    case 'file':
+      if (typeof m.content !== 'string') fail(`${at}.content`, 'must be a string');
+      return [{ kind: 'write-file', dst: target, data: m.content, mode: mode(`${at}.mode`, m.mode, 0o644) }];
+    default:
+      fail(`${at}.type`, `unknown mount type '${String((m as { type: unknown }).type)}' (bind, tmpfs, overlay, proc, dev, symlink, dir, file)`);
+  }
+}
+
+/** Two mounts of the user's on one target would silently hide the first. */
+function checkConflicts(mounts: Mount[]): void {
+  const seen = new Map<string, number>();
+  mounts.forEach((m, i) => {
+    if (m.type === 'dir' || m.type === 'file' || m.type === 'symlink') return;
+    const t = posix.normalize(m.target);
+    const prev = seen.get(t);
+    if (prev !== undefined) fail(`mounts[${i}]`, `conflicts with mounts[${prev}]: both mount on ${t}`);
+    seen.set(t, i);
+  });
+}
+
+interface Identity {
+  userns: boolean;
+  uidMap?: string;
+  gidMap?: string;
+  denySetgroups: boolean;
+  insideUid: number;
+  insideGid: number;
+}
+
+function identity(opts: SandboxOptions, ns: Set<NamespaceName>): Identity {
+  const uid = process.getuid?.() ?? 0;
+  const gid = process.getgid?.() ?? 0;
+  if (!ns.has('user')) {
+    if (uid !== 0) fail('namespaces.user', 'a non-root caller needs the user namespace');
+    return { userns: false, denySetgroups: false, insideUid: uid, insideGid: gid };
+  }
+  const mapUser = opts.mapUser ?? 'root';
+  if (mapUser !== 'root' && mapUser !== 'self') fail('mapUser', `'${String(mapUser)}' must be 'root' or 'self'`);
+  const insideUid = mapUser === 'root' ? 0 : uid;
+  const insideGid = mapUser === 'root' ? 0 : gid;
+  return {
+    userns: true,
+    uidMap: `${insideUid} ${uid} 1\n`,
+    gidMap: `${insideGid} ${gid} 1\n`,
+    // Required for an unprivileged gid_map; root may keep setgroups working.
+    denySetgroups: uid !== 0,
+    insideUid,
+    insideGid,
+  };
+}
+
+function namespaces(opts: SandboxOptions): Set<NamespaceName> {
+  const ns = new Set<NamespaceName>(['mount']);
+  const want = opts.namespaces ?? {};
+  if (typeof want !== 'object' || want === null) fail('namespaces', 'must be an object like { pid: true }');
+  for (const key of Object.keys(want)) {
+    if (!(OPTIONAL_NAMESPACES as readonly string[]).includes(key)) {
+      fail(`namespaces.${key}`, `unknown namespace '${key}' (known: ${OPTIONAL_NAMESPACES.join(', ')}; the network is set with 'network')`);
+    }
+  }
+  for (const name of OPTIONAL_NAMESPACES) {
+    const on = want[name as keyof typeof want] ?? name !== 'cgroup';
+    if (on) ns.add(name);
+  }
+  const network = opts.network ?? 'none';
+  if (network !== 'none' && network !== 'host') fail('network', `'${String(network)}' must be 'none' or 'host'`);
+  if (network === 'none') ns.add('net');
+  return ns;
+}
+
+function environment(p: ProcessOptions, home: string, pty: boolean): string[] {
+  const env: Record<string, string> = { PATH: DEFAULT_PATH, HOME: home, LANG: 'C.UTF-8' };
+  if (pty) env.TERM = 'xterm-256color';
+  const inherit = p.inheritEnv ?? false;
+  if (inherit === true) {
+    Object.assign(env, process.env);
+  } else if (Array.isArray(inherit)) {
+    for (const k of inherit) {
+      const v = process.env[k];
+      if (v !== undefined) env[k] = v;
+    }
+  } else if (inherit !== false) {
+    fail('inheritEnv', 'must be a boolean or a list of variable names');
+  }
+  for (const [k, v] of Object.entries(p.env ?? {})) {
+    if (!k || k.includes('=') || k.includes('\0')) fail(`env.${k}`, 'is not a valid variable name');
+    if (typeof v !== 'string') fail(`env.${k}`, 'value must be a string');
+    if (v.includes('\0')) fail(`env.${k}`, 'value contains a NUL byte');
+    env[k] = v;
+  }
+  return Object.entries(env).map(([k, v]) => `${k}=${v}`);
+}
+
+/** Like execvp: a name without '/' is tried in each PATH directory, in order. */
+function execCandidates(argv0: string, env: string[]): string[] {
+  if (argv0.includes('/')) return [argv0.startsWith('/') ? argv0 : posix.join('/', argv0)];
+  const path = env.find((e) => e.startsWith('PATH='))?.slice(5) || DEFAULT_PATH;
+  return path.split(':').filter(Boolean).map((dir) => posix.join(dir, argv0));
+}
+
+function stdio(option: string, s: StdioOption | undefined, fallback: StdioOption): NativeStdio {
+  const v = s ?? fallback;
+  if (v === 'pipe') return 'pipe';
+  if (v === 'ignore') return 'null';
+  if (v === 'inherit') return option === 'stdin' ? 0 : option === 'stdout' ? 1 : 2;
+  if (typeof v === 'number' && Number.isInteger(v) && v >= 0) return v;
+  fail(option, `'${String(v)}' must be 'pipe', 'ignore', 'inherit' or an fd number`);
+}
+
+function rlimits(p: ProcessOptions): NativePlan['rlimits'] {
+  const out: NonNullable<NativePlan['rlimits']> = [];
+  for (const [name, value] of Object.entries(p.rlimits ?? {})) {
+    const resource = native.rlimitResources[name];
+    if (resource === undefined) fail(`rlimits.${name}`, `unknown resource (known: ${Object.keys(native.rlimitResources).join(', ')})`);
+    const pair = typeof value === 'number' ? { soft: value, hard: value } : value;
+    if (!pair || typeof pair.soft !== 'number' || typeof pair.hard !== 'number' || pair.soft > pair.hard || pair.soft < 0) {
+      fail(`rlimits.${name}`, 'must be a number or { soft, hard } with 0 <= soft <= hard');
+    }
+    const enc = (n: number) => (n === Infinity ? -1 : Math.floor(n));
+    out.push({ resource, soft: enc(pair.soft), hard: enc(pair.hard) });
+  }
+  return out;
+}
+
+export interface BuiltPlan {
+  plan: NativePlan;
+  /** For error messages: a readable description of each native op. */
+  describeOp(index: number): string;
+}
+
+export function describeNativeOp(op: NativeOp): string {
+  switch (op.kind) {
+    case 'bind':
+      return `${op.readOnly ? 'ro-bind' : 'bind'} ${op.srcInRoot ? '(sandbox) ' : ''}${op.src} -> ${op.dst}`;
+    case 'overlay':
+      return `overlay ${op.dst} (lower ${op.lower.join(':')}${op.upper ? `, upper ${op.upper}, work ${op.work}` : ''})`;
+    case 'symlink':
+      return `symlink ${op.dst} -> ${op.src}`;
+    case 'write-file':
+      return `file ${op.dst}`;
+    case 'mkdir':
+      return `dir ${op.dst}`;
+    default:
+      return `${op.kind} ${op.dst}`;
+  }
+}
+
+/** Validates options and builds the native plan; throws ConfigError. */
+export function buildPlan(opts: SpawnOptions): BuiltPlan {
+  if (typeof opts !== 'object' || opts === null) throw new ConfigError('options must be an object');
+  for (const key of Object.keys(opts)) {
+    if (!KNOWN_OPTION_KEYS.has(key)) fail(key, 'unknown option');
+  }
+  if (!Array.isArray(opts.argv) || opts.argv.length === 0 || !opts.argv.every((a) => typeof a === 'string')) {
+    fail('argv', 'must be a non-empty array of strings');
+  }
+  if (opts.argv.some((a) => a.includes('\0'))) fail('argv', 'contains a NUL byte');
+
+  const ns = namespaces(opts);
+  const id = identity(opts, ns);
+  if (!ns.has('pid') && (opts.proc ?? true) && (opts.root ?? 'host') === 'host') {
+    fail('namespaces.pid', 'a fresh /proc needs the PID namespace (set proc: false to go without)');
+  }
+  const hostname = opts.hostname ?? 'sandbox';
+  if (typeof hostname !== 'string' || !/^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$/.test(hostname)) {
+    fail('hostname', `'${String(hostname)}' is not a valid host name`);
+  }
+
+  const ops: NativeOp[] = [];
+  const root = opts.root ?? 'host';
+  if (root !== 'host' && root !== 'empty') fail('root', `'${String(root)}' must be 'host' or 'empty'`);
+  ops.push({ kind: 'tmpfs', dst: '/', data: 'mode=0755', nosuid: true, nodev: true });
+  if (root === 'host') {
+    ops.push(...hostRootOps());
+    if (ns.has('uts')) ops.push(...identityFileOps(hostname));
+    if (opts.dev ?? true) ops.push(...devOps());
+    if (opts.proc ?? true) ops.push(...procOps());
+    const tmp = opts.tmp ?? true;
+    if (tmp) {
+      const size = typeof tmp === 'object' ? tmp.size : undefined;
+      ops.push({ kind: 'tmpfs', dst: '/tmp', data: tmpfsData('tmp.size', size, 0o1777), nosuid: true, nodev: true });
+    }
+    if (opts.workDir !== undefined) {
+      ops.push({ kind: 'bind', src: hostDir('workDir', opts.workDir, 'workDir'), dst: WORK_DIR, nosuid: true, nodev: true });
+    } else {
+      ops.push({ kind: 'tmpfs', dst: WORK_DIR, data: 'mode=0755', nosuid: true, nodev: true });
+    }
+    // The home of uid 0 inside; HOME must exist for most tools.
+    ops.push({ kind: 'mkdir', dst: '/root', mode: 0o700 });
+  } else if (opts.workDir !== undefined) {
+    fail('workDir', "needs root 'host' (with root 'empty', bind it through mounts)");
+  }
+  const mounts = opts.mounts ?? [];
+  if (!Array.isArray(mounts)) fail('mounts', 'must be an array');
+  checkConflicts(mounts);
+  mounts.forEach((m, i) => ops.push(...mountOps(m, i, id.userns)));
+
+  const cwd = checkSandboxPath('cwd', opts.cwd ?? (root === 'host' ? WORK_DIR : '/'));
+  const user = opts.user;
+  if (user !== undefined) {
+    if (!Number.isInteger(user.uid) || !Number.isInteger(user.gid) || user.uid < 0 || user.gid < 0) fail('user', 'needs integer uid and gid');
+    if (id.userns && (user.uid !== id.insideUid || user.gid !== id.insideGid)) {
+      fail('user', `uid ${user.uid}/gid ${user.gid} is not mapped in the sandbox's user namespace (mapped: ${id.insideUid}/${id.insideGid})`);
+    }
+  }
+  const keepCaps = (opts.capabilities ?? []).map((c) => {
+    const n = CAPABILITIES[c.toUpperCase().startsWith('CAP_') ? c.toUpperCase() : `CAP_${c.toUpperCase()}`];
+    if (n === undefined) fail('capabilities', `unknown capability '${c}'`);
+    return n;
+  });
+
+  let pty: NativePlan['pty'];
+  if (opts.pty) {
+    const p = typeof opts.pty === 'object' ? opts.pty : {};
+    pty = { cols: p.cols ?? 80, rows: p.rows ?? 24 };
+  }
+  const uidInside = user?.uid ?? id.insideUid;
+  const env = environment(opts, uidInside === 0 ? '/root' : WORK_DIR, !!pty);
+  const extraFds = Object.entries(opts.fds ?? {}).map(([t, fd]) => {
+    const target = Number(t);
+    if (!Number.isInteger(target) || target < 3 || target > 255) fail(`fds.${t}`, 'target must be an fd number from 3 to 255');
+    if (!Number.isInteger(fd) || fd < 0) fail(`fds.${t}`, 'must be an open fd number');
+    return { target, fd };
+  });
+  if (opts.timeout !== undefined && (typeof opts.timeout !== 'number' || !(opts.timeout > 0))) fail('timeout', 'must be a positive number of milliseconds');
+  const rootSwitch = opts.rootSwitch ?? 'pivot_root';
+  if (rootSwitch !== 'pivot_root' && rootSwitch !== 'chroot') fail('rootSwitch', "must be 'pivot_root' or 'chroot'");
+
+  const plan: NativePlan = {
+    namespaces: [...ns],
+    uidMap: id.uidMap,
+    gidMap: id.gidMap,
+    denySetgroups: id.denySetgroups,
+    hostname,
+    pivot: rootSwitch === 'pivot_root',
+    rootReadOnly: !!opts.readOnlyRoot,
+    ops,
+    argv: opts.argv,
+    env,
+    execCandidates: execCandidates(opts.argv[0]!, env),
+    cwd,
+    user: user ?? undefined,
+    noNewPrivs: opts.noNewPrivs ?? true,
+    keepCaps,
+    newSession: opts.newSession ?? true,
+    dieWithParent: opts.dieWithParent ?? true,
+    rlimits: rlimits(opts),
+    stdio: pty
+      ? ['pty', 'pty', 'pty']
+      : [stdio('stdin', opts.stdin, 'pipe'), stdio('stdout', opts.stdout, 'pipe'), stdio('stderr', opts.stderr, 'pipe')],
+    extraFds,
+    pty,
+  };
+  return { plan, describeOp: (i) => (ops[i] ? describeNativeOp(ops[i]!) : 'setup') };
+}
