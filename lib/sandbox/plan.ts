@@ -125,7 +125,7 @@ function checkConflicts(mounts: Mount[]): void {
   const seen = new Map<string, number>();
   mounts.forEach((m, i) => {
     if (m.type === 'dir' || m.type === 'file' || m.type === 'symlink') return;
-    const t = posix.normalize(m.target);
+    const t = checkSandboxPath(`mounts[${i}].target`, m.target);
     const prev = seen.get(t);
     if (prev !== undefined) fail(`mounts[${i}]`, `conflicts with mounts[${prev}]: both mount on ${t}`);
     seen.set(t, i);

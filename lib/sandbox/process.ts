@@ -54,7 +54,10 @@ function setupError(built: BuiltPlan, argv0: string, cwd: string, buf: Buffer): 
   const why = describeErrno(rec.errno) + (rec.detail ? `: ${rec.detail}` : '');
   if (rec.step.startsWith('op-')) {
     const part = rec.step === 'op-source' ? 'source: ' : rec.step === 'op-target' ? 'target: ' : '';
-    return new MountError(`${built.describeOp(rec.op)}: ${part}${why}`, rec.step, rec.errno, rec.detail);
+    const op = built.plan.ops[rec.op];
+    // overlayfs reports most refusals only to the kernel log, not to us.
+    const hint = op?.kind === 'overlay' && rec.step === 'op-mount' && !rec.detail ? ' (overlayfs gives its reason in the kernel log: dmesg)' : '';
+    return new MountError(`${built.describeOp(rec.op)}: ${part}${why}${hint}`, rec.step, rec.errno, rec.detail);
   }
   if (rec.step === 'exec') {
     const hint = rec.errno === 2 ? ' (not found in the sandbox; check PATH and the mounts)' : '';
