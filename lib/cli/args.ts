@@ -1,0 +1,47 @@
+/**
+ * A small argv reader for bwrap-style options, some of which take two or
+ * more values (`--ro-bind SRC DST`): node:util's parseArgs cannot say that.
+ */
+export class UsageError extends Error {
+  override name = 'UsageError';
+}
+
+export class ArgReader {
+  #i = 0;
+  constructor(private readonly argv: string[]) {}
+
+  get done(): boolean {
+    return this.#i >= this.argv.length;
+  }
+
+  peek(): string | undefined {
+    return this.argv[this.#i];
+  }
+
+  next(): string {
+    const v = this.argv[this.#i++];
+    if (v === undefined) throw new UsageError('missing argument');
+    return v;
+  }
+
+  /** The values of an option that takes `n` of them. */
+  values(option: string, n: number): string[] {
+    const out: string[] = [];
+    for (let k = 0; k < n; k++) {
+      const v = this.argv[this.#i++];
+      if (v === undefined) throw new UsageError(`${option} needs ${n} value${n > 1 ? 's' : ''}`);
+      out.push(v);
+    }
+    return out;
+  }
+
+  value(option: string): string {
+    return this.values(option, 1)[0]!;
+  }
+
+  rest(): string[] {
+    const r = this.argv.slice(this.#i);
+    this.#i = this.argv.length;
+    return r;
+  }
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env node
+/** The `minisandbox` command: a thin shell over the library. */
+import { SandboxError } from '../sandbox/errors.js';
+import { UsageError } from './args.js';
+import { DOCTOR_HELP, doctorCommand } from './commands/doctor.js';
+import { RUN_HELP, runCommand } from './commands/run.js';
+
+const HELP = `Usage: minisandbox COMMAND [OPTIONS]
+
+Container-free sandboxes for software-engineering agents.
+
+Commands:
+  run      Run a command in a new sandbox (bubblewrap-like options)
+  doctor   Check which kernel features work on this machine, and why not
+
+Run 'minisandbox COMMAND --help' for a command's options.
+`;
+
+const COMMANDS: Record<string, { run: (args: string[]) => Promise<number>; help: string }> = {
+  run: { run: runCommand, help: RUN_HELP },
+  doctor: { run: doctorCommand, help: DOCTOR_HELP },
+};
+
+export async function main(argv: string[]): Promise<number> {
+  const [name, ...args] = argv;
+  if (!name || name === '-h' || name === '--help' || name === 'help') {
+    process.stdout.write(HELP);
+    return name ? 0 : 2;
+  }
+  const cmd = COMMANDS[name];
+  if (!cmd) {
+    process.stderr.write(`minisandbox: unknown command '${name}'\n\n${HELP}`);
+    return 2;
+  }
+  if (name !== 'run' && (args.includes('--help') || args.includes('-h'))) {
+    process.stdout.write(cmd.help + '\n');
+    return 0;
+  }
+  try {
+    return await cmd.run(args);
+  } catch (e) {
+    if (e instanceof UsageError) {
+      process.stderr.write(`minisandbox ${name}: ${e.message}\n`);
+      return 2;
+    }
+    if (e instanceof SandboxError) {
+      process.stderr.write(`minisandbox: ${e.name}: ${e.message}\n`);
+      return 125;
+    }
+    throw e;
+  }
+}
+
+main(process.argv.slice(2)).then(
+  (code) => {
+    process.exitCode = code;
+  },
+  (e: unknown) => {
+    process.stderr.write(`minisandbox: ${(e as Error).stack ?? String(e)}\n`);
+    process.exitCode = 1;
+  },
+);

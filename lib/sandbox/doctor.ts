@@ -1,0 +1,135 @@
+/**
+ * What this machine lets a sandbox do, checked for real (by starting small
+ * sandboxes), with the reason wherever something does not work.
+ */
+import { accessSync, constants, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { release, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { run } from './run.js';
+
+export interface Check {
+  name: string;
+  ok: boolean;
+  /** What was found, or why it fails and what to do. */
+  detail: string;
+}
+
+function readSysctl(path: string): string | undefined {
+  try {
+    return readFileSync(path, 'utf8').trim();
+  } catch {
+    return undefined;
+  }
+}
+
+function kernelCheck(): Check {
+  const [major = 0, minor = 0] = release().split('.').map((n) => parseInt(n, 10));
+  const ok = major > 5 || (major === 5 && minor >= 12);
+  return {
+    name: 'kernel',
+    ok,
+    detail: ok
+      ? `Linux ${release()} (>= 5.12: unprivileged overlay, mount_setattr, pidfd, clone3)`
+      : `Linux ${release()} is older than 5.12; recursive read-only binds (mount_setattr) and unprivileged overlay need 5.12`,
+  };
+}
+
+function userNamespaceSysctls(): Check {
+  const problems: string[] = [];
+  const clone = readSysctl('/proc/sys/kernel/unprivileged_userns_clone');
+  if (clone === '0') problems.push('kernel.unprivileged_userns_clone=0 (set it to 1)');
+  const max = readSysctl('/proc/sys/user/max_user_namespaces');
+  if (max === '0') problems.push('user.max_user_namespaces=0 (set it to e.g. 65536)');
+  const apparmor = readSysctl('/proc/sys/kernel/apparmor_restrict_unprivileged_userns');
+  if (apparmor === '1') problems.push('kernel.apparmor_restrict_unprivileged_userns=1 (Ubuntu >= 23.10: set it to 0, or give node an AppArmor profile with "userns,")');
+  return {
+    name: 'user namespace sysctls',
+    ok: problems.length === 0,
+    detail: problems.length ? problems.join('; ') : `max_user_namespaces=${max ?? '?'}, no distribution restriction found`,
+  };
+}
+
+async function sandboxCheck(name: string, what: string, opts: Parameters<typeof run>[0]): Promise<Check> {
+  try {
+    const r = await run({ ...opts, timeout: 10_000 });
+    if (r.exitCode === 0) return { name, ok: true, detail: `${what}: works` };
+    return { name, ok: false, detail: `${what}: exited ${r.exitCode ?? r.signal}: ${r.stderr.trim()}` };
+  } catch (e) {
+    return { name, ok: false, detail: `${what}: ${(e as Error).message}` };
+  }
+}
+
+async function overlayCheck(): Promise<Check> {
+  const dir = mkdtempSync(join(tmpdir(), 'msbx-doctor-'));
+  try {
+    for (const d of ['lower/sub', 'upper', 'work']) mkdirSync(join(dir, d), { recursive: true });
+    writeFileSync(join(dir, 'lower/sub/f'), 'x');
+    // Removing a lower directory is what fails without userxattr (EIO).
+    return await sandboxCheck('overlayfs (userxattr)', 'overlay of a private upper over a shared lower', {
+      argv: ['sh', '-c', 'rm -r /o/sub && echo y > /o/new && test ! -e /o/sub'],
+      mounts: [{ type: 'overlay', target: '/o', lower: [join(dir, 'lower')], upper: join(dir, 'upper'), work: join(dir, 'work') }],
+    });
+  } finally {
+    rmSync(dir, { recursive: true, force: true, maxRetries: 2 });
+  }
+}
+
+function cgroupCheck(): Check {
+  if (existsSync('/sys/fs/cgroup/cgroup.controllers')) {
+    const controllers = readSysctl('/sys/fs/cgroup/cgroup.controllers') ?? '';
+    let writable = false;
+    try {
+      accessSync('/sys/fs/cgroup/cgroup.procs', constants.W_OK);
+      writable = true;
+    } catch {
+      // not delegated to us
+    }
+    return {
+      name: 'cgroups',
+      ok: writable,
+      detail: writable
+        ? `cgroup v2 (${controllers}), writable: memory/pids/cpu limits enforced`
+        : `cgroup v2 (${controllers}) not delegated to this user: limits fall back to rlimits (use systemd-run --user --scope -p Delegate=yes)`,
+    };
+  }
+  const v1 = ['memory', 'pids', 'cpu'].filter((c) => existsSync(`/sys/fs/cgroup/${c}/cgroup.procs`));
+  if (v1.length === 0) return { name: 'cgroups', ok: false, detail: 'no cgroup v1 or v2 hierarchy found: limits fall back to rlimits' };
+  let writable = false;
+  try {
+    accessSync(`/sys/fs/cgroup/${v1[0]}`, constants.W_OK);
+    writable = true;
+  } catch {
+    // v1 needs root
+  }
+  return {
+    name: 'cgroups',
+    ok: writable,
+    detail: writable
+      ? `cgroup v1 (${v1.join(', ')}), writable as root: limits enforced`
+      : `cgroup v1 (${v1.join(', ')}) is root-only: for this user limits fall back to rlimits`,
+  };
+}
+
+function fuseCheck(): Check {
+  try {
+    accessSync('/dev/fuse', constants.R_OK | constants.W_OK);
+    return { name: '/dev/fuse', ok: true, detail: 'usable (not needed: overlayfs is used)' };
+  } catch {
+    return { name: '/dev/fuse', ok: true, detail: 'not usable by this user (not needed: overlayfs is used)' };
+  }
+}
+
+export async function doctor(): Promise<Check[]> {
+  return [
+    kernelCheck(),
+    userNamespaceSysctls(),
+    await sandboxCheck('user+mount+pid+ipc+uts+net namespaces, pivot_root, pidfd', 'a full sandbox running /bin/true', { argv: ['true'] }),
+    await sandboxCheck('fresh /proc and private devpts', 'reading /proc/self/status and allocating a terminal', {
+      argv: ['sh', '-c', 'test -r /proc/self/status && tty >/dev/null'],
+      pty: true,
+    }),
+    await overlayCheck(),
+    cgroupCheck(),
+    fuseCheck(),
+  ];
+}

@@ -1,0 +1,51 @@
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+
+// The CLI as users run it: the built entry point in a real Node process.
+const CLI = fileURLToPath(new URL('../../dist/lib/cli/main.js', import.meta.url));
+const cli = (...args: string[]) => spawnSync(process.execPath, [CLI, ...args], { encoding: 'utf8', timeout: 20_000 });
+
+describe('minisandbox run', () => {
+  it('passes the exit code through and applies bwrap-style options', () => {
+    const r = cli('run', '--ro-bind', '/etc/os-release', '/info', '--env', 'GREETING=hi', '--hostname', 'box', '--', 'sh', '-c', 'head -c 5 /info; echo; echo $GREETING $(hostname); exit 42');
+    expect(r.status).toBe(42);
+    expect(r.stdout).toMatch(/^\S{1,5}\nhi box\n$/);
+  });
+
+  it('reports a signal as 128+N', () => {
+    expect(cli('run', '--', 'sh', '-c', 'kill -9 $$').status).toBe(137);
+  });
+
+  it('kills the sandbox at --timeout', () => {
+    const r = cli('run', '--timeout', '0.3', '--', 'sleep', '30');
+    expect(r.status).toBe(137);
+    expect(r.stderr).toContain('timed out');
+  });
+
+  it('explains each option in --help', () => {
+    const r = cli('run', '--help');
+    expect(r.status).toBe(0);
+    for (const opt of ['--ro-bind', '--bind', '--tmpfs', '--overlay', '--net', '--chdir', '--env']) expect(r.stdout).toContain(opt);
+  });
+
+  it('gives clear errors for bad usage and bad sandboxes', () => {
+    const unknown = cli('run', '--frobnicate', '--', 'true');
+    expect(unknown.status).toBe(2);
+    expect(unknown.stderr).toContain("unknown option '--frobnicate'");
+    const missing = cli('run', '--bind', '/does/not/exist', '/x', '--', 'true');
+    expect(missing.status).toBe(125);
+    expect(missing.stderr).toContain('bind source /does/not/exist does not exist');
+    expect(cli('run', '--ro-bind', '/etc').stderr).toContain('--ro-bind needs 2 values');
+  });
+});
+
+describe('minisandbox doctor', () => {
+  it('reports each kernel feature as JSON', () => {
+    const r = cli('doctor', '--json');
+    const checks = JSON.parse(r.stdout) as { name: string; ok: boolean }[];
+    expect(checks.map((c) => c.name)).toEqual(expect.arrayContaining(['kernel', 'overlayfs (userxattr)', 'cgroups']));
+    expect(checks.find((c) => c.name.startsWith('user+mount'))?.ok).toBe(true);
+    expect(r.status).toBe(0);
+  });
+});
