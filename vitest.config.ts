@@ -8,6 +8,5 @@ export default defineConfig({
     // Sandboxes are real processes with real mounts; forks keep each test
     // file in its own Node process so a crash cannot take the runner down.
     pool: 'forks',
-    cacheDir: process.env.VITEST_CACHE_DIR ?? 'node_modules/.vitest',
   },
 });

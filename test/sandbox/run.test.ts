@@ -81,17 +81,17 @@ describe('run', () => {
   it('mounts an overlay whose writes land in the upper dir only', async () => {
     const dir = tempDir();
     try {
-      const [lower, upper, work] = ['lower', 'upper', 'work'].map((d) => join(dir.path, d));
+      const [lower, upper, work] = ['lower', 'upper', 'work'].map((d) => join(dir.path, d)) as [string, string, string];
       for (const d of [lower, upper, work]) mkdirSync(d);
-      writeFileSync(join(lower!, 'base.txt'), 'base');
+      writeFileSync(join(lower, 'base.txt'), 'base');
       const r = await run({
         argv: ['sh', '-c', 'cat /layer/base.txt; echo changed > /layer/base.txt; echo new > /layer/new.txt; rm -r /layer/base.txt; ls /layer'],
-        mounts: [{ type: 'overlay', target: '/layer', lower: [lower!], upper, work }],
+        mounts: [{ type: 'overlay', target: '/layer', lower: [lower], upper, work }],
       });
       expect(r.stderr).toBe('');
       expect(r.stdout).toBe('basenew.txt\n');
-      expect(readFileSync(join(lower!, 'base.txt'), 'utf8')).toBe('base');
-      expect(readFileSync(join(upper!, 'new.txt'), 'utf8')).toBe('new\n');
+      expect(readFileSync(join(lower, 'base.txt'), 'utf8')).toBe('base');
+      expect(readFileSync(join(upper, 'new.txt'), 'utf8')).toBe('new\n');
     } finally {
       dir.remove();
     }

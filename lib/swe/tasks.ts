@@ -1,0 +1,183 @@
+/**
+ * Task sets in the SWE-bench instance format (JSON array or JSONL), extended
+ * with the environment recipe MiniSandbox needs to build a task without
+ * Docker images: base Python version, install commands, test command and
+ * where to get the repository.
+ */
+import { dirname, isAbsolute, resolve } from 'node:path';
+import { isLogParserName, LOG_PARSER_NAMES, type LogParserName } from './logParsers.js';
+import {
+  describeLocation,
+  describeType,
+  FieldReader,
+  guessFormat,
+  readTextFile,
+  splitRecords,
+  type RawRecord,
+  type RecordFileFormat,
+} from './records.js';
+
+export { loadPredictions, parsePredictions, type Prediction, type PredictionLoadResult } from './predictions.js';
+export type { RecordFileFormat } from './records.js';
+
+export interface Task {
+  instance_id: string;
+  /** "owner/name", informational (SWE-bench uses it to pick specs). */
+  repo: string;
+  /** Commit the evaluation starts from (the buggy state). */
+  base_commit: string;
+  /** Commit used to build the environment; defaults to base_commit. */
+  environment_setup_commit?: string;
+  version: string;
+  /** Gold fix, a unified git diff. */
+  patch: string;
+  /** Diff adding/updating the tests that expose the bug. */
+  test_patch: string;
+  /** Tests that must go from failing to passing (exact test ids). */
+  FAIL_TO_PASS: string[];
+  /** Tests that must keep passing. */
+  PASS_TO_PASS: string[];
+  /** Base Python version, "major.minor[.patch]", e.g. "3.11". */
+  python: string;
+  /** Shell commands run in the repo, inside the venv, to install it. */
+  install: string[];
+  /** Shell command that runs the tests, e.g. "python -m pytest -rA tests". */
+  test_cmd: string;
+  /** Local git repository (absolute once loaded from a file). */
+  repo_path?: string;
+  /** Remote (or file://) git URL, used when there is no repo_path. */
+  repo_url?: string;
+  problem_statement?: string;
+  hints_text?: string;
+  created_at?: string;
+  /** Log parser for test_cmd's output; auto-detected when absent. */
+  log_parser?: LogParserName;
+}
+
+/** One rejected task: where it is, which instance (if known) and why. */
+export interface TaskLoadError {
+  instance_id?: string;
+  line?: number;
+  index: number;
+  problems: string[];
+  /** Human-readable summary naming the task and every problem. */
+  message: string;
+}
+
+export interface TaskLoadResult {
+  tasks: Task[];
+  errors: TaskLoadError[];
+}
+
+export interface ParseTasksOptions {
+  /**
+   * Directory that relative `repo_path`s are relative to. loadTasks passes
+   * the task file's directory so a task set can be moved as a whole.
+   */
+  baseDir?: string;
+}
+
+// SWE-bench commits are full SHA-1s; abbreviations are accepted, refs are
+// not, because a branch name would make the task non-reproducible.
+const COMMIT_SHA = /^[0-9a-f]{7,40}$/;
+// Must be a string: as a JSON number, "3.10" would silently become 3.1.
+const PYTHON_VERSION = /^\d+\.\d+(\.\d+)?$/;
+
+/** Reads a task file; the format comes from the extension or the content. */
+export function loadTasks(path: string, format?: RecordFileFormat): TaskLoadResult {
+  const text = readTextFile(path, 'task');
+  return parseTasks(text, format ?? guessFormat(path, text), { baseDir: dirname(resolve(path)) });
+}
+
+export function parseTasks(text: string, format: RecordFileFormat, options: ParseTasksOptions = {}): TaskLoadResult {
+  const tasks: Task[] = [];
+  const errors: TaskLoadError[] = [];
+  const seen = new Map<string, string>();
+  for (const record of splitRecords(text, format, 'tasks')) {
+    const { task, problems, instanceId } = readTask(record, options);
+    if (task && seen.has(task.instance_id)) {
+      problems.push(`duplicate instance_id (first defined at ${seen.get(task.instance_id)})`);
+    }
+    if (task && problems.length === 0) {
+      seen.set(task.instance_id, describeLocation(record));
+      tasks.push(task);
+    } else {
+      errors.push(makeError(record, instanceId, problems));
+    }
+  }
+  return { tasks, errors };
+}
+
+function makeError(record: RawRecord, instanceId: string | undefined, problems: string[]): TaskLoadError {
+  const subject = instanceId ? `task "${instanceId}" (${describeLocation(record)})` : `task at ${describeLocation(record)}`;
+  return {
+    ...(instanceId ? { instance_id: instanceId } : {}),
+    ...(record.line !== undefined ? { line: record.line } : {}),
+    index: record.index,
+    problems,
+    message: `${subject}: ${problems.join('; ')}`,
+  };
+}
+
+function readTask(
+  record: RawRecord,
+  options: ParseTasksOptions,
+): { task?: Task; problems: string[]; instanceId?: string } {
+  if (record.parseError) return { problems: [record.parseError] };
+  const value = record.value;
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
+    return { problems: [`must be a JSON object, got ${describeType(value)}`] };
+  }
+  const raw = value as Record<string, unknown>;
+  const fields = new FieldReader(raw);
+  const instanceId = fields.string('instance_id');
+  const task: Task = {
+    instance_id: instanceId,
+    repo: fields.string('repo'),
+    base_commit: fields.string('base_commit'),
+    version: fields.string('version'),
+    patch: fields.string('patch', true),
+    test_patch: fields.string('test_patch', true),
+    FAIL_TO_PASS: fields.stringList('FAIL_TO_PASS', true),
+    PASS_TO_PASS: fields.stringList('PASS_TO_PASS', true),
+    python: fields.string('python'),
+    install: fields.stringList('install'),
+    test_cmd: fields.string('test_cmd'),
+  };
+  const optional = ['environment_setup_commit', 'repo_path', 'repo_url', 'problem_statement', 'hints_text', 'created_at'] as const;
+  for (const field of optional) {
+    const text = fields.optionalString(field);
+    if (text !== undefined) task[field] = text;
+  }
+  checkRecipe(task, raw, fields.problems);
+  if (task.repo_path !== undefined && options.baseDir !== undefined && !isAbsolute(task.repo_path)) {
+    task.repo_path = resolve(options.baseDir, task.repo_path);
+  }
+  return { task, problems: fields.problems, ...(instanceId ? { instanceId } : {}) };
+}
+
+/** Semantic checks beyond field types. */
+function checkRecipe(task: Task, raw: Record<string, unknown>, problems: string[]): void {
+  for (const field of ['base_commit', 'environment_setup_commit'] as const) {
+    const commit = task[field];
+    if (commit && !COMMIT_SHA.test(commit)) {
+      problems.push(`"${field}" must be a commit SHA (7-40 lowercase hex digits), got "${commit}"`);
+    }
+  }
+  if (task.python && !PYTHON_VERSION.test(task.python)) {
+    problems.push(`"python" must be a version like "3.11", got "${task.python}"`);
+  }
+  if (Array.isArray(raw.FAIL_TO_PASS) || typeof raw.FAIL_TO_PASS === 'string') {
+    // An empty FAIL_TO_PASS would make every patch "resolve" the task.
+    if (task.FAIL_TO_PASS.length === 0 && !problems.some((p) => p.includes('"FAIL_TO_PASS"'))) {
+      problems.push('"FAIL_TO_PASS" must list at least one test');
+    }
+  }
+  if (task.repo_path === undefined && task.repo_url === undefined) {
+    problems.push('needs "repo_path" or "repo_url" to know where the git repository is');
+  }
+  if (raw.log_parser !== undefined && raw.log_parser !== null) {
+    if (isLogParserName(raw.log_parser)) task.log_parser = raw.log_parser;
+    else problems.push(`"log_parser" must be one of ${LOG_PARSER_NAMES.join(', ')}, got ${JSON.stringify(raw.log_parser)}`);
+  }
+}
