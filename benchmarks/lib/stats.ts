@@ -1,0 +1,68 @@
+/**
+ * Small statistics and formatting helpers shared by the benchmarks.
+ * Latencies are in milliseconds throughout.
+ */
+
+export interface Summary {
+  n: number;
+  median: number;
+  p95: number;
+  mean: number;
+  min: number;
+  max: number;
+}
+
+/**
+ * The p-th percentile (0..100) of already sorted samples, linearly
+ * interpolated between the two closest ranks (numpy's default), so small
+ * sample counts (docker: ~20) still give a stable value instead of jumping
+ * between neighbours.
+ */
+export function percentile(sorted: readonly number[], p: number): number {
+  if (sorted.length === 0) return NaN;
+  const rank = (p / 100) * (sorted.length - 1);
+  const lo = Math.floor(rank);
+  const hi = Math.ceil(rank);
+  const a = sorted[lo]!;
+  const b = sorted[hi]!;
+  return a + (b - a) * (rank - lo);
+}
+
+export function median(samples: readonly number[]): number {
+  return percentile([...samples].sort((x, y) => x - y), 50);
+}
+
+export function summarize(samples: readonly number[]): Summary {
+  const sorted = [...samples].sort((x, y) => x - y);
+  const sum = sorted.reduce((acc, x) => acc + x, 0);
+  return {
+    n: sorted.length,
+    median: percentile(sorted, 50),
+    p95: percentile(sorted, 95),
+    mean: sorted.length ? sum / sorted.length : NaN,
+    min: sorted[0] ?? NaN,
+    max: sorted[sorted.length - 1] ?? NaN,
+  };
+}
+
+/** "1.23 ms" below a second, "1.23 s" above: readable across 1 ms .. 1 s spreads. */
+export function formatMs(ms: number): string {
+  if (!Number.isFinite(ms)) return '-';
+  return ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${ms.toFixed(2)} ms`;
+}
+
+export function formatRatio(r: number): string {
+  return Number.isFinite(r) ? `${r.toFixed(2)}x` : '-';
+}
+
+/** A plain text table: first row is the header, columns padded to fit. */
+export function formatTable(rows: readonly (readonly string[])[]): string {
+  const widths: number[] = [];
+  for (const row of rows) row.forEach((cell, i) => (widths[i] = Math.max(widths[i] ?? 0, cell.length)));
+  const line = (row: readonly string[]) =>
+    row.map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join('  ');
+  const [header, ...body] = rows;
+  if (!header) return '';
+  const rule = widths.map((w) => '-'.repeat(w)).join('  ');
+  return [line(header), rule, ...body.map(line)].join('\n');
+}

@@ -1,0 +1,34 @@
+/**
+ * Layer store: read-only environment layers (venvs, git checkouts) that
+ * sandboxes mount as overlay lower directories.
+ */
+export { LayerError } from './errors.js';
+export {
+  openStore,
+  defaultStoreRoot,
+  normalizeDigest,
+  digestDirectory,
+  LayerStore,
+  type Layer,
+  type LayerManifest,
+  type StoreOptions,
+  type AddOptions,
+  type DiskUsage,
+  type GcOptions,
+  type GcResult,
+} from './store.js';
+export { extractArchive, packDirectory, compressionOf, type Compression, type ExtractOptions, type ExtractResult, type PackOptions } from './extract.js';
+export { acquireLock, withLock, type FileLock, type LockOptions } from './lock.js';
+export { IoBudget, type BudgetOptions, type BudgetTicket, type BudgetProgress, type BudgetUsage } from './budget.js';
+export { dedupTree, gcObjects, type DedupOptions, type DedupResult } from './dedup.js';
+export {
+  scanForPrefix,
+  relocateTree,
+  fixShebang,
+  SHEBANG_LIMIT,
+  type PrefixFile,
+  type PrefixFileKind,
+  type RelocateOptions,
+  type RelocateResult,
+} from './relocate.js';
+export { packRepoLayer, type PackRepoOptions, type RepoLayerInfo } from './gitRepo.js';

@@ -1,0 +1,106 @@
+import { spawn } from 'node:child_process';
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { LayerError } from './errors.js';
+
+/**
+ * Cross-process exclusive lock on a file, held by a `flock(1)` child process.
+ *
+ * Why a child and not a lock file with pid + start-time checks: the kernel
+ * drops a flock when the last descriptor on it closes, i.e. when the holder
+ * dies, however it dies. The holder is `flock -x FILE sh -c 'echo; exec cat'`.
+ * cat blocks reading a pipe whose only writer is this Node process. If this
+ * process exits or is SIGKILLed, the pipe closes, cat sees EOF and exits, and
+ * the lock is gone. There is no stale-lock detection to get wrong and no
+ * "steal" race: with O_EXCL/pid files two waiters can both judge a lock stale
+ * and delete each other's fresh lock. Cost: one short-lived process pair per
+ * acquisition (a few ms), which is negligible next to unpacking a layer.
+ * Requires util-linux `flock` (present on Debian/Ubuntu base images).
+ */
+export interface FileLock {
+  readonly path: string;
+  /** Release the lock and wait until the holder process has exited. Idempotent. */
+  release(): Promise<void>;
+}
+
+export interface LockOptions {
+  /** Give up after this long (default: wait forever). */
+  timeoutMs?: number;
+  signal?: AbortSignal;
+  /** What the lock protects, for error messages (e.g. "layer 3f2a…"). */
+  what?: string;
+}
+
+export async function acquireLock(lockPath: string, opts: LockOptions = {}): Promise<FileLock> {
+  await fsp.mkdir(path.dirname(lockPath), { recursive: true });
+  const what = opts.what ?? `lock ${lockPath}`;
+  const args = ['-x'];
+  if (opts.timeoutMs !== undefined) args.push('-w', String(Math.max(0, opts.timeoutMs) / 1000));
+  // -E 75: distinct exit status for "timed out" vs other failures.
+  args.push('-E', '75', lockPath, 'sh', '-c', 'echo locked; exec cat >/dev/null');
+  const child = spawn('flock', args, { stdio: ['pipe', 'pipe', 'pipe'] });
+  let stderr = '';
+  child.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
+  const closed = new Promise<void>((resolve) => child.once('close', () => resolve()));
+
+  await new Promise<void>((resolve, reject) => {
+    let done = false;
+    const onAbort = (): void => {
+      if (done) return;
+      done = true;
+      child.kill('SIGKILL');
+      reject(new LayerError(`${what}: waiting for ${lockPath} aborted`));
+    };
+    opts.signal?.addEventListener('abort', onAbort, { once: true });
+    if (opts.signal?.aborted) onAbort();
+    child.stdout.once('data', () => {
+      if (done) return;
+      done = true;
+      opts.signal?.removeEventListener('abort', onAbort);
+      resolve();
+    });
+    child.once('error', (e) => {
+      if (done) return;
+      done = true;
+      reject(new LayerError(`${what}: cannot run flock(1) (util-linux) for ${lockPath}: ${e.message}`));
+    });
+    child.once('close', (code) => {
+      if (done) return;
+      done = true;
+      opts.signal?.removeEventListener('abort', onAbort);
+      if (code === 75)
+        reject(new LayerError(`${what}: timed out after ${opts.timeoutMs} ms waiting for ${lockPath} (held by another process)`));
+      else reject(new LayerError(`${what}: flock ${lockPath} failed (exit ${code}): ${stderr.trim()}`));
+    });
+  });
+  // The holder must not keep this process's event loop alive on its own.
+  child.unref();
+  (child.stdin as unknown as { unref?: () => void }).unref?.();
+  (child.stdout as unknown as { unref?: () => void }).unref?.();
+  (child.stderr as unknown as { unref?: () => void }).unref?.();
+
+  let released: Promise<void> | undefined;
+  return {
+    path: lockPath,
+    release(): Promise<void> {
+      released ??= (async () => {
+        // Re-ref while we wait, or an otherwise idle process would exit
+        // (with an unsettled promise) before the holder is gone.
+        child.ref();
+        child.stdin.end();
+        await closed;
+      })();
+      return released;
+    },
+  };
+}
+
+/** Run `fn` while holding the lock; always releases. */
+export async function withLock<T>(lockPath: string, fn: () => Promise<T>, opts: LockOptions = {}): Promise<T> {
+  const lock = await acquireLock(lockPath, opts);
+  try {
+    return await fn();
+  } finally {
+    await lock.release();
+  }
+}

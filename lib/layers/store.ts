@@ -1,0 +1,429 @@
+import { createHash, randomBytes } from 'node:crypto';
+import { promises as fsp } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { IoBudget, type BudgetOptions, type BudgetProgress } from './budget.js';
+import { dedupTree, gcObjects, hashFile, type DedupOptions, type DedupResult } from './dedup.js';
+import { LayerError, errnoCode } from './errors.js';
+import { extractArchive, type Compression } from './extract.js';
+import { makeReadOnly, removeTree, walkTree } from './fsTree.js';
+import { acquireLock } from './lock.js';
+import { processIsAlive, run, selfStartTime } from './proc.js';
+import { scanForPrefix, type PrefixFile } from './relocate.js';
+
+/**
+ * Content-addressed store of read-only layer trees.
+ *
+ * Layout under the root (one filesystem, so renames are atomic and dedup
+ * hard links work):
+ *   layers/<sha256>/manifest.json   what the layer is (see LayerManifest)
+ *   layers/<sha256>/tree/           the read-only tree: mount this as lowerdir
+ *   objects/ab/cdef…                dedup objects (hard-linked into trees)
+ *   staging/                        unpacking in progress, and trash being deleted
+ *   locks/<sha256>.lock             build-once flock per layer (never deleted:
+ *                                   deleting a lock file someone waits on
+ *                                   would let two processes hold "the" lock)
+ *   budget/                         cross-process I/O budget slots
+ *
+ * The manifest sits next to the tree, not in it, so the mounted layer shows
+ * only the layer's own files.
+ *
+ * A layer becomes visible only by one rename of a finished staging directory,
+ * so a crash never leaves a half layer under layers/. Nothing outside the root
+ * is modified or deleted: digests are checked to be 64 hex characters before
+ * they are used as names, and deletion is lstat-based and never follows a
+ * symlink.
+ */
+export interface LayerManifest {
+  version: 1;
+  /** sha256 of the source archive, or of the canonical listing of a directory source. */
+  digest: string;
+  /** Apparent size of the regular files, bytes. */
+  size: number;
+  /** Regular files. */
+  fileCount: number;
+  /** All entries (files, directories, symlinks). */
+  entryCount: number;
+  /** Source name (archive or directory path, or the caller's name). */
+  source: string;
+  sourceKind: 'archive' | 'directory';
+  /** Absolute path the tree was built at (venv prefix), if given. */
+  prefix?: string;
+  /** Files embedding `prefix`, for relocateTree(). */
+  prefixFiles?: PrefixFile[];
+  /** ISO time the layer was created. */
+  created: string;
+  dedup?: DedupResult;
+}
+
+export interface Layer {
+  digest: string;
+  /** The read-only tree: what a sandbox mounts as an overlay lower dir. */
+  path: string;
+  /** The layer's directory in the store (holds manifest.json and tree/). */
+  dir: string;
+  manifest: LayerManifest;
+}
+
+export interface StoreOptions {
+  /** Default: $XDG_CACHE_HOME/minisandbox/store or ~/.cache/minisandbox/store. */
+  root?: string;
+  /** Shared unpack budget; default one in <root>/budget with its defaults. false: none. */
+  budget?: IoBudget | Omit<BudgetOptions, 'dir'> | false;
+  /** Deduplicate files across layers (default true). */
+  dedup?: boolean | DedupOptions;
+  /** Max wait for another process building the same layer (default: forever). */
+  lockTimeoutMs?: number;
+}
+
+export interface AddOptions {
+  /** Source name recorded in the manifest (default: the path given). */
+  name?: string;
+  /** Absolute prefix the tree was built at: scanned for and recorded for relocation. */
+  prefix?: string;
+  /** Archive compression (default: from the file name). */
+  compression?: Compression;
+  onProgress?: (p: BudgetProgress) => void;
+  signal?: AbortSignal;
+}
+
+export interface DiskUsage {
+  layers: number;
+  /** Sum of sizes of regular files, counting every name in every layer. */
+  apparentBytes: number;
+  /** Blocks actually used by the store (each inode once), bytes. */
+  diskBytes: number;
+  /** Blocks the layers would use without dedup (every entry of every layer counted per name). */
+  undedupedDiskBytes: number;
+  /** File blocks not stored twice thanks to dedup (per-name minus per-inode file blocks). */
+  savedBytes: number;
+  objects: number;
+}
+
+export interface GcOptions {
+  /** Digests that must be kept (layers mounted by live sandboxes). */
+  inUse: Iterable<string>;
+}
+
+export interface GcResult {
+  removedLayers: string[];
+  removedObjects: number;
+  removedStaging: number;
+}
+
+const DIGEST = /^[0-9a-f]{64}$/;
+
+export function defaultStoreRoot(): string {
+  const cache = process.env.XDG_CACHE_HOME && path.isAbsolute(process.env.XDG_CACHE_HOME)
+    ? process.env.XDG_CACHE_HOME
+    : path.join(os.homedir(), '.cache');
+  return path.join(cache, 'minisandbox', 'store');
+}
+
+/** Accepts "sha256:<hex>" or "<hex>"; refuses anything else, so it is always safe as a file name. */
+export function normalizeDigest(digest: string): string {
+  const d = digest.startsWith('sha256:') ? digest.slice(7) : digest;
+  if (!DIGEST.test(d)) throw new LayerError(`layer digest ${JSON.stringify(digest)}: not a sha256 hex digest`);
+  return d;
+}
+
+export async function openStore(opts: StoreOptions = {}): Promise<LayerStore> {
+  const root = path.resolve(opts.root ?? defaultStoreRoot());
+  for (const sub of ['layers', 'objects', 'staging', 'locks']) await fsp.mkdir(path.join(root, sub), { recursive: true });
+  let budget: IoBudget | undefined;
+  if (opts.budget instanceof IoBudget) budget = opts.budget;
+  else if (opts.budget !== false) budget = new IoBudget({ ...(opts.budget ?? {}), dir: path.join(root, 'budget') });
+  const dedup = opts.dedup === false ? undefined : opts.dedup === true || opts.dedup === undefined ? {} : opts.dedup;
+  return new LayerStore(root, budget, dedup, opts.lockTimeoutMs);
+}
+
+type Builder = (tree: string, ticketProgress: (done: number) => void) => Promise<void>;
+
+export class LayerStore {
+  /** @internal use openStore() */
+  constructor(
+    readonly root: string,
+    readonly budget: IoBudget | undefined,
+    private readonly dedupOpts: DedupOptions | undefined,
+    private readonly lockTimeoutMs: number | undefined,
+  ) {}
+
+  private layerDir(d: string): string {
+    return path.join(this.root, 'layers', d);
+  }
+
+  /** Add a .tar.zst / .tar.gz / .tar archive; its digest is the sha256 of the archive file. */
+  async addArchive(archive: string, opts: AddOptions = {}): Promise<Layer> {
+    const abs = path.resolve(archive);
+    const st = await fsp.stat(abs).catch((err: unknown) => {
+      throw new LayerError(`layer archive ${abs}: cannot read: ${(err as Error).message}`, { cause: err });
+    });
+    const digest = await hashFile(abs, st.size);
+    return this.build(digest, st.size, 'archive', opts.name ?? abs, opts, async (tree, progress) => {
+      await extractArchive(abs, tree, {
+        ...(opts.compression ? { compression: opts.compression } : {}),
+        ...(opts.signal ? { signal: opts.signal } : {}),
+        onProgress: (done) => progress(done),
+      });
+    });
+  }
+
+  /** Add a directory (copied with cp -a); its digest is that of a canonical listing. */
+  async addDirectory(dir: string, opts: AddOptions = {}): Promise<Layer> {
+    const abs = path.resolve(dir);
+    const st = await fsp.lstat(abs).catch(() => undefined);
+    if (!st?.isDirectory()) throw new LayerError(`layer directory ${abs}: not a directory`);
+    const { digest, bytes } = await digestDirectory(abs);
+    return this.build(digest, bytes, 'directory', opts.name ?? abs, opts, async (tree, progress) => {
+      // cp -a keeps modes, mtimes (ns), symlinks as symlinks and hard links;
+      // not ownership, for the same reason as tar's --no-same-owner.
+      await run('cp', ['-a', '--no-preserve=ownership', `${abs}/.`, tree], { what: `layer directory ${abs}: copy` });
+      progress(bytes);
+    });
+  }
+
+  private async build(
+    digest: string,
+    bytes: number,
+    kind: 'archive' | 'directory',
+    source: string,
+    opts: AddOptions,
+    fill: Builder,
+  ): Promise<Layer> {
+    if (opts.prefix !== undefined && !path.isAbsolute(opts.prefix))
+      throw new LayerError(`layer ${source}: prefix ${opts.prefix} is not an absolute path`);
+    const existing = await this.get(digest);
+    if (existing) return existing;
+
+    // Build exactly once across processes: whoever gets the lock builds; the
+    // others wait, then find the finished layer and reuse it.
+    const lock = await acquireLock(path.join(this.root, 'locks', `${digest}.lock`), {
+      what: `layer ${digest} (${source})`,
+      ...(this.lockTimeoutMs !== undefined ? { timeoutMs: this.lockTimeoutMs } : {}),
+      ...(opts.signal ? { signal: opts.signal } : {}),
+    });
+    try {
+      const built = await this.get(digest);
+      if (built) return built;
+      await this.removeStaleStaging(digest);
+      const ticket = this.budget
+        ? await this.budget.acquire(bytes, { label: `${digest.slice(0, 12)} ${path.basename(source)}`, ...(opts.signal ? { signal: opts.signal } : {}) })
+        : undefined;
+      const staging = path.join(this.root, 'staging', `${digest}.${process.pid}-${selfStartTime()}.${randomBytes(4).toString('hex')}`);
+      try {
+        const tree = path.join(staging, 'tree');
+        await fsp.mkdir(tree, { recursive: true });
+        await fill(tree, (done) => {
+          ticket?.progress(done);
+          opts.onProgress?.({ label: digest, done, total: bytes });
+        });
+        const manifest = await this.finishTree(tree, digest, kind, source, opts);
+        await fsp.writeFile(path.join(staging, 'manifest.json'), `${JSON.stringify(manifest, null, 2)}\n`, { mode: 0o444 });
+        try {
+          await fsp.rename(staging, this.layerDir(digest));
+        } catch (err) {
+          const code = errnoCode(err);
+          if (code !== 'ENOTEMPTY' && code !== 'EEXIST') throw err;
+          // Built meanwhile without our lock (e.g. by another store root
+          // sharing the layers dir): keep theirs, drop ours.
+          await removeTree(staging);
+        }
+      } catch (err) {
+        await removeTree(staging).catch(() => undefined);
+        throw err;
+      } finally {
+        await ticket?.release();
+      }
+      const layer = await this.get(digest);
+      if (!layer) throw new LayerError(`layer ${digest} (${source}): vanished right after it was built`);
+      return layer;
+    } finally {
+      await lock.release();
+    }
+  }
+
+  /** Scan, set final modes, dedup, count: everything before publishing. */
+  private async finishTree(
+    tree: string,
+    digest: string,
+    kind: 'archive' | 'directory',
+    source: string,
+    opts: AddOptions,
+  ): Promise<LayerManifest> {
+    // Scan before anything else touches the tree.
+    const prefixFiles = opts.prefix ? await scanForPrefix(tree, opts.prefix) : undefined;
+    // Files first: dedup keys on the final mode. Directories stay writable
+    // until dedup has swapped its hard links in.
+    await makeReadOnly(tree, 'files');
+    const dedup = this.dedupOpts ? await dedupTree(tree, path.join(this.root, 'objects'), this.dedupOpts) : undefined;
+    const counts = await makeReadOnly(tree, 'dirs');
+    return {
+      version: 1,
+      digest,
+      size: counts.bytes,
+      fileCount: counts.files,
+      entryCount: counts.entries,
+      source,
+      sourceKind: kind,
+      ...(opts.prefix ? { prefix: opts.prefix, prefixFiles: prefixFiles ?? [] } : {}),
+      created: new Date().toISOString(),
+      ...(dedup ? { dedup } : {}),
+    };
+  }
+
+  /** Under the layer's lock, any staging dir for it belongs to a crashed builder. */
+  private async removeStaleStaging(digest: string): Promise<void> {
+    const dir = path.join(this.root, 'staging');
+    for (const name of await fsp.readdir(dir)) if (name.startsWith(`${digest}.`)) await removeTree(path.join(dir, name));
+  }
+
+  async get(digest: string): Promise<Layer | undefined> {
+    const d = normalizeDigest(digest);
+    const dir = this.layerDir(d);
+    let text: string;
+    try {
+      const st = await fsp.lstat(dir);
+      if (!st.isDirectory()) return undefined;
+      text = await fsp.readFile(path.join(dir, 'manifest.json'), 'utf8');
+    } catch (err) {
+      if (errnoCode(err) === 'ENOENT' || errnoCode(err) === 'ENOTDIR') return undefined;
+      throw err;
+    }
+    let manifest: LayerManifest;
+    try {
+      manifest = JSON.parse(text) as LayerManifest;
+    } catch (err) {
+      throw new LayerError(`layer ${d}: manifest.json is not valid JSON`, { cause: err });
+    }
+    return { digest: d, dir, path: path.join(dir, 'tree'), manifest };
+  }
+
+  async list(): Promise<Layer[]> {
+    const out: Layer[] = [];
+    for (const name of (await fsp.readdir(path.join(this.root, 'layers'))).sort()) {
+      if (!DIGEST.test(name)) continue;
+      const layer = await this.get(name);
+      if (layer) out.push(layer);
+    }
+    return out;
+  }
+
+  /** Remove one layer. Returns false if it was not there. Takes the layer's build lock. */
+  async remove(digest: string): Promise<boolean> {
+    const d = normalizeDigest(digest);
+    const lock = await acquireLock(path.join(this.root, 'locks', `${d}.lock`), { what: `remove layer ${d}` });
+    try {
+      return await this.removeLocked(d);
+    } finally {
+      await lock.release();
+    }
+  }
+
+  private async removeLocked(d: string): Promise<boolean> {
+    const trash = path.join(this.root, 'staging', `trash-${d}.${process.pid}-${selfStartTime()}.${randomBytes(4).toString('hex')}`);
+    try {
+      // One rename makes the layer disappear atomically; then delete at leisure.
+      // (A symlink planted at layers/<d> is moved and unlinked, never followed.)
+      await fsp.rename(this.layerDir(d), trash);
+    } catch (err) {
+      if (errnoCode(err) === 'ENOENT') return false;
+      throw new LayerError(`remove layer ${d}: ${(err as Error).message}`, { cause: err });
+    }
+    await removeTree(trash);
+    return true;
+  }
+
+  /**
+   * Remove every layer not in `inUse`, staging dirs left by dead processes,
+   * and dedup objects no layer links to any more.
+   */
+  async gc(opts: GcOptions): Promise<GcResult> {
+    const keep = new Set<string>([...opts.inUse].map(normalizeDigest));
+    const result: GcResult = { removedLayers: [], removedObjects: 0, removedStaging: 0 };
+    for (const name of await fsp.readdir(path.join(this.root, 'layers'))) {
+      if (!DIGEST.test(name) || keep.has(name)) continue;
+      if (await this.remove(name)) result.removedLayers.push(name);
+    }
+    const staging = path.join(this.root, 'staging');
+    for (const name of await fsp.readdir(staging)) {
+      const m = /\.(\d+)-(\d+)\.[0-9a-f]+$/.exec(name);
+      if (m && processIsAlive(Number(m[1]), m[2]!)) continue;
+      await removeTree(path.join(staging, name));
+      result.removedStaging++;
+    }
+    result.removedObjects = (await gcObjects(path.join(this.root, 'objects'))).removed;
+    return result;
+  }
+
+  /** Apparent size, real disk use (each inode once) and what dedup saves. */
+  async du(): Promise<DiskUsage> {
+    const usage: DiskUsage = { layers: 0, apparentBytes: 0, diskBytes: 0, undedupedDiskBytes: 0, savedBytes: 0, objects: 0 };
+    const seen = new Set<string>();
+    const fileInodes = new Set<string>();
+    let fileBlocksPerName = 0;
+    let uniqueFileBlocks = 0;
+    const count = (st: { dev: bigint; ino: bigint; blocks: bigint }) => {
+      const id = `${st.dev}:${st.ino}`;
+      if (seen.has(id)) return;
+      seen.add(id);
+      usage.diskBytes += Number(st.blocks) * 512;
+    };
+    for (const layer of await this.list()) {
+      usage.layers++;
+      for await (const e of walkTree(layer.path)) {
+        const blocks = Number(e.st.blocks) * 512;
+        usage.undedupedDiskBytes += blocks;
+        if (e.st.isFile()) {
+          usage.apparentBytes += Number(e.st.size);
+          fileBlocksPerName += blocks;
+          const id = `${e.st.dev}:${e.st.ino}`;
+          if (!fileInodes.has(id)) {
+            fileInodes.add(id);
+            uniqueFileBlocks += blocks;
+          }
+        }
+        count(e.st);
+      }
+    }
+    for await (const e of walkTree(path.join(this.root, 'objects'))) {
+      if (e.st.isFile()) usage.objects++;
+      count(e.st); // objects' inodes are the layers' inodes: counted once
+    }
+    // Saving = file blocks counted once per name minus once per inode. The
+    // objects/ directories' own blocks are a real cost and stay in diskBytes.
+    usage.savedBytes = fileBlocksPerName - uniqueFileBlocks;
+    return usage;
+  }
+}
+
+/**
+ * Digest of a directory source: sha256 over a canonical listing, one line
+ * per entry in byte order of path: type, permission bits, mtime (seconds),
+ * size, and content sha256 or symlink target. mtime is included because it
+ * is part of what a layer provides (.pyc validity).
+ */
+export async function digestDirectory(dir: string): Promise<{ digest: string; bytes: number }> {
+  const h = createHash('sha256');
+  let bytes = 0;
+  for await (const e of walkTree(dir)) {
+    const mode = (Number(e.st.mode) & 0o7777).toString(8);
+    const mtime = (e.st.mtimeNs / 1_000_000_000n).toString();
+    let type: string;
+    let body: string;
+    if (e.st.isFile()) {
+      type = 'f';
+      body = await hashFile(e.abs, Number(e.st.size));
+      bytes += Number(e.st.size);
+    } else if (e.st.isDirectory()) {
+      type = 'd';
+      body = '-';
+    } else if (e.st.isSymbolicLink()) {
+      type = 'l';
+      body = JSON.stringify(await fsp.readlink(e.abs));
+    } else {
+      throw new LayerError(`layer directory ${dir}: ${e.rel} is not a file, directory or symlink`);
+    }
+    h.update(`${type} ${mode} ${mtime} ${e.st.isFile() ? e.st.size : 0} ${body} ${JSON.stringify(e.rel)}\n`);
+  }
+  return { digest: h.digest('hex'), bytes };
+}

@@ -1,0 +1,334 @@
+import { Transform, type TransformCallback } from 'node:stream';
+import { LayerError } from './errors.js';
+
+/**
+ * Streaming tar header checker.
+ *
+ * Why not `tar -tvv` and parse its listing: the listing is meant for people.
+ * Names may contain " -> " or newlines, and the date and owner columns differ by
+ * locale and version. So the listing is ambiguous exactly where an attacker has
+ * control. Instead this Transform reads the raw tar stream (ustar, GNU longname
+ * 'L'/'K', and pax 'x' records) the way GNU tar reads it. It checks each member
+ * *before* passing that member's header on to `tar -x`. tar therefore never sees
+ * a member that was refused, and we decompress only once.
+ *
+ * Rules (everything else is refused too, with the member and the reason):
+ *  - no absolute names, no `..` component (names and hard link targets);
+ *  - no member whose parent path is an earlier symlink member. This blocks the
+ *    trick of a symlink `a -> /etc` followed by a file `a/passwd`;
+ *  - no non-symlink member replacing an earlier symlink member;
+ *  - a hard link must point at an earlier regular file or symlink member of the
+ *    same archive, so it can never reach a file outside the tree;
+ *  - only regular files, hard links, symlinks and directories. No devices,
+ *    FIFOs or sparse/multivolume members;
+ *  - header checksums must be valid. On a bad checksum GNU tar would scan ahead
+ *    for the next plausible header, and then the two parsers would disagree.
+ *
+ * Symlink *targets* may be anything, absolute ones included (a venv's
+ * bin/python3 points at the base interpreter). Nothing in the archive may be
+ * extracted through a symlink, so the target only matters later, inside the
+ * sandbox's own mount namespace.
+ */
+export class TarChecker extends Transform {
+  private buf: Buffer = Buffer.alloc(0);
+  /** Bytes of member data (plus padding) still to pass through untouched. */
+  private skip = 0;
+  /** Data of a pax / GNU longname member being collected. */
+  private collecting: { kind: 'x' | 'g' | 'L' | 'K'; need: number; pad: number; parts: Buffer[] } | undefined;
+  private paxPath: string | undefined;
+  private paxLinkpath: string | undefined;
+  private paxSize: number | undefined;
+  private gnuLongName: string | undefined;
+  private gnuLongLink: string | undefined;
+  private offset = 0;
+  private zeroBlocks = 0;
+  private ended = false;
+  private readonly symlinks = new Set<string>();
+  private readonly files = new Set<string>();
+  private readonly dirs = new Set<string>();
+  /** Members checked so far (for the caller's statistics). */
+  members = 0;
+
+  constructor(private readonly archiveName: string) {
+    super();
+  }
+
+  override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
+    try {
+      this.consume(chunk);
+      cb();
+    } catch (err) {
+      cb(err as Error);
+    }
+  }
+
+  override _flush(cb: TransformCallback): void {
+    if (!this.ended && (this.skip > 0 || this.collecting || this.buf.length > 0)) {
+      cb(new LayerError(`layer archive ${this.archiveName}: truncated tar stream at byte ${this.offset}`));
+      return;
+    }
+    cb();
+  }
+
+  private consume(chunk: Buffer): void {
+    if (this.ended) return; // past end-of-archive: GNU tar stops reading too
+    let pos = 0;
+    while (pos < chunk.length && !this.ended) {
+      if (this.skip > 0) {
+        const n = Math.min(this.skip, chunk.length - pos);
+        this.push(chunk.subarray(pos, pos + n));
+        this.skip -= n;
+        this.offset += n;
+        pos += n;
+        continue;
+      }
+      if (this.collecting) {
+        const c = this.collecting;
+        const n = Math.min(c.need + c.pad, chunk.length - pos);
+        const dataPart = Math.min(n, c.need);
+        if (dataPart > 0) c.parts.push(Buffer.from(chunk.subarray(pos, pos + dataPart)));
+        c.need -= dataPart;
+        c.pad -= n - dataPart;
+        this.push(chunk.subarray(pos, pos + n));
+        this.offset += n;
+        pos += n;
+        if (c.need === 0 && c.pad === 0) {
+          this.collecting = undefined;
+          this.finishCollected(c.kind, Buffer.concat(c.parts));
+        }
+        continue;
+      }
+      // Header: need a whole 512-byte block.
+      const want = 512 - this.buf.length;
+      const n = Math.min(want, chunk.length - pos);
+      this.buf = this.buf.length === 0 && n === 512 ? chunk.subarray(pos, pos + 512) : Buffer.concat([this.buf, chunk.subarray(pos, pos + n)]);
+      pos += n;
+      if (this.buf.length < 512) continue;
+      const block = this.buf;
+      this.buf = Buffer.alloc(0);
+      this.header(block);
+    }
+  }
+
+  private fail(member: string | undefined, reason: string): never {
+    const what = member === undefined ? '' : ` member ${displayName(member)}`;
+    throw new LayerError(`layer archive ${this.archiveName}:${what} ${reason}`);
+  }
+
+  private header(block: Buffer): void {
+    const at = this.offset;
+    if (isZero(block)) {
+      this.push(block);
+      this.offset += 512;
+      this.zeroBlocks++;
+      if (this.zeroBlocks >= 2) {
+        // End of archive. GNU tar stops here; anything after is never read,
+        // so it is neither checked nor passed on.
+        this.ended = true;
+        this.push(null);
+      }
+      return;
+    }
+    this.zeroBlocks = 0;
+    if (!checksumOk(block)) this.fail(undefined, `bad tar header checksum at byte ${at} (corrupt or not a tar archive)`);
+
+    const type = String.fromCharCode(block[156] ?? 0);
+    const size = this.paxSize ?? parseNumeric(block.subarray(124, 136));
+    if (size === undefined || size < 0) this.fail(undefined, `unreadable size field at byte ${at}`);
+    const magic = block.subarray(257, 263).toString('latin1');
+    const ustarName = cString(block.subarray(0, 100));
+    const prefix = magic === 'ustar\0' ? cString(block.subarray(345, 500)) : '';
+    const rawName = this.paxPath ?? this.gnuLongName ?? (prefix ? `${prefix}/${ustarName}` : ustarName);
+    const rawLink = this.paxLinkpath ?? this.gnuLongLink ?? cString(block.subarray(157, 257));
+
+    if (type === 'x' || type === 'g' || type === 'L' || type === 'K') {
+      if (size > 1 << 20) this.fail(undefined, `${type} extended header of ${size} bytes at byte ${at} is too large`);
+      this.push(block);
+      this.offset += 512;
+      this.collecting = { kind: type, need: size, pad: padOf(size), parts: [] };
+      if (size === 0) {
+        this.collecting = undefined;
+        this.finishCollected(type, Buffer.alloc(0));
+      }
+      return;
+    }
+
+    // Hard links, symlinks and directories carry no data in ustar/pax. Refuse
+    // a size on them rather than guess how GNU tar would skip it: if the two
+    // parsers ever disagreed on where the next header is, checks would be moot.
+    if ((type === '1' || type === '2' || type === '5') && size !== 0)
+      this.fail(rawName, `is a type '${type}' member with a nonzero size (${size})`);
+
+    // A real member: the pending extended names apply to it and are consumed.
+    this.paxPath = this.paxLinkpath = this.paxSize = this.gnuLongName = this.gnuLongLink = undefined;
+    this.members++;
+    const name = this.checkPath(rawName, rawName, 'name');
+
+    switch (type) {
+      case '0':
+      case '\0':
+      case '7':
+        this.notThroughSymlink(rawName, name);
+        this.notReplacingSymlink(rawName, name);
+        this.files.add(name);
+        break;
+      case '5':
+        this.notThroughSymlink(rawName, name);
+        this.notReplacingSymlink(rawName, name);
+        this.dirs.add(name);
+        break;
+      case '2':
+        if (name === '') this.fail(rawName, 'is a symlink in place of the layer root');
+        if (rawLink === '') this.fail(rawName, 'is a symlink with an empty target');
+        this.notThroughSymlink(rawName, name);
+        if (this.dirs.has(name)) this.fail(rawName, 'replaces a directory with a symlink');
+        this.files.delete(name);
+        this.symlinks.add(name);
+        break;
+      case '1': {
+        this.notThroughSymlink(rawName, name);
+        this.notReplacingSymlink(rawName, name);
+        const target = this.checkPath(rawName, rawLink, 'hard link target');
+        this.notThroughSymlink(rawName, target, 'hard link target');
+        if (!this.files.has(target) && !this.symlinks.has(target))
+          this.fail(rawName, `hard link target ${displayName(rawLink)} is not an earlier file of the archive`);
+        this.files.add(name);
+        break;
+      }
+      case 'S':
+        this.fail(rawName, 'is a GNU sparse file (not supported in layers)');
+      // falls through (fail never returns)
+      default:
+        this.fail(rawName, `has unsupported type '${printable(type)}' (devices, FIFOs and volume headers are refused)`);
+    }
+    this.push(block);
+    this.offset += 512;
+    this.skip = size + padOf(size);
+  }
+
+  private finishCollected(kind: 'x' | 'g' | 'L' | 'K', data: Buffer): void {
+    if (kind === 'L') this.gnuLongName = cString(data);
+    else if (kind === 'K') this.gnuLongLink = cString(data);
+    else {
+      const recs = parsePax(data, (why) => this.fail(undefined, `bad pax header (${why}) before byte ${this.offset}`));
+      for (const [key, value] of recs) {
+        if (key.startsWith('GNU.sparse')) this.fail(recs.get('path'), 'is a GNU sparse file (not supported in layers)');
+        if (kind === 'g' && (key === 'path' || key === 'linkpath' || key === 'size'))
+          this.fail(undefined, `global pax header sets '${key}', which is refused`);
+      }
+      if (kind === 'x') {
+        const p = recs.get('path');
+        const l = recs.get('linkpath');
+        const s = recs.get('size');
+        if (p !== undefined) this.paxPath = p;
+        if (l !== undefined) this.paxLinkpath = l;
+        if (s !== undefined) {
+          if (!/^\d+$/.test(s)) this.fail(p, `bad pax size '${s}'`);
+          this.paxSize = Number(s);
+        }
+      }
+    }
+  }
+
+  /** Normalise a member path to 'a/b/c' ('' for the root), refusing escapes. */
+  private checkPath(member: string, raw: string, what: string): string {
+    if (raw.includes('\0')) this.fail(member, `${what} contains a NUL byte`);
+    if (raw === '') this.fail(member, `has an empty ${what}`);
+    if (raw.startsWith('/')) {
+      const reason = what === 'name' ? 'has an absolute name and would land outside the layer' : `${what} ${displayName(raw)} is absolute and escapes the layer`;
+      this.fail(member, reason);
+    }
+    const parts = raw.split('/').filter((c) => c !== '' && c !== '.');
+    if (parts.includes('..')) {
+      const reason = what === 'name' ? "has a '..' component and escapes the layer" : `${what} ${displayName(raw)} has a '..' component and escapes the layer`;
+      this.fail(member, reason);
+    }
+    return parts.join('/');
+  }
+
+  private notThroughSymlink(member: string, p: string, what = 'path'): void {
+    let i = p.indexOf('/');
+    while (i !== -1) {
+      const parent = p.slice(0, i);
+      if (this.symlinks.has(parent))
+        this.fail(member, `${what} goes through the symlink member ${displayName(parent)} and could write outside the layer`);
+      i = p.indexOf('/', i + 1);
+    }
+  }
+
+  private notReplacingSymlink(member: string, p: string): void {
+    if (this.symlinks.has(p)) this.fail(member, 'replaces an earlier symlink member (would be written through it)');
+  }
+}
+
+function padOf(size: number): number {
+  return (512 - (size % 512)) % 512;
+}
+
+function isZero(block: Buffer): boolean {
+  for (let i = 0; i < block.length; i++) if (block[i] !== 0) return false;
+  return true;
+}
+
+function checksumOk(block: Buffer): boolean {
+  const stored = parseNumeric(block.subarray(148, 156));
+  if (stored === undefined) return false;
+  let unsigned = 0;
+  let signed = 0;
+  for (let i = 0; i < 512; i++) {
+    const b = i >= 148 && i < 156 ? 32 : (block[i] ?? 0);
+    unsigned += b;
+    signed += b > 127 ? b - 256 : b;
+  }
+  // Old tars summed signed chars; GNU tar accepts either.
+  return stored === unsigned || stored === signed;
+}
+
+/** Octal (NUL/space terminated) or GNU base-256 numeric field. */
+function parseNumeric(field: Buffer): number | undefined {
+  const first = field[0] ?? 0;
+  if (first & 0x80) {
+    if (first === 0xff) return undefined; // negative
+    let v = first & 0x7f;
+    for (let i = 1; i < field.length; i++) v = v * 256 + (field[i] ?? 0);
+    return v;
+  }
+  const s = field.toString('latin1').replace(/\0.*$/s, '').trim();
+  if (s === '') return 0;
+  if (!/^[0-7]+$/.test(s)) return undefined;
+  return parseInt(s, 8);
+}
+
+/** Bytes up to the first NUL, as a 1:1 byte string (latin1) for exact compares. */
+function cString(b: Buffer): string {
+  const nul = b.indexOf(0);
+  return b.subarray(0, nul === -1 ? b.length : nul).toString('latin1');
+}
+
+function parsePax(data: Buffer, bad: (why: string) => never): Map<string, string> {
+  const out = new Map<string, string>();
+  let pos = 0;
+  while (pos < data.length) {
+    const sp = data.indexOf(0x20, pos);
+    if (sp === -1) bad('no length');
+    const len = Number(data.subarray(pos, sp).toString('latin1'));
+    if (!Number.isInteger(len) || len <= 0 || pos + len > data.length) bad('bad record length');
+    const rec = data.subarray(sp + 1, pos + len - 1); // drop trailing '\n'
+    const eq = rec.indexOf(0x3d);
+    if (eq === -1) bad('record without =');
+    // pax values are UTF-8; keep them as the same bytes in latin1 form, like
+    // the ustar fields, so comparisons are byte-exact.
+    out.set(rec.subarray(0, eq).toString('latin1'), rec.subarray(eq + 1).toString('latin1'));
+    pos += len;
+  }
+  return out;
+}
+
+/** Member name for messages: the bytes as UTF-8, control characters escaped. */
+export function displayName(latin1: string): string {
+  return printable(Buffer.from(latin1, 'latin1').toString('utf8'));
+}
+
+function printable(s: string): string {
+  return s.replace(/[\x00-\x1f\x7f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, '0')}`);
+}

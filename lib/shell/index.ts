@@ -1,0 +1,15 @@
+/** Persistent bash sessions on a pty, with SWE-ReX BashSession semantics. */
+export * from './errors.js';
+export { spawnScriptPty, shQuote, type PtyChannel, type PtyExitInfo, type ScriptPtyOptions } from './pty.js';
+export {
+  ShellSession,
+  type BashObservation,
+  type CheckMode,
+  type InteractiveOptions,
+  type InterruptOptions,
+  type RunOptions,
+  type ShellSessionOptions,
+} from './session.js';
+export { checkBashSyntax, type SyntaxCheckResult } from './syntax.js';
+export { cleanTerminalText, ansiCQuote } from './text.js';
+export { DEFAULT_MAX_OUTPUT_BYTES } from './expect.js';
