@@ -114,49 +114,50 @@ bool WireStdio(Napi::Env env, Napi::Value spec, int target, bool pty, FdSet& own
   return true;
 }
 
-Napi::Value Spawn(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  if (info.Length() < 1 || !info[0].IsObject()) {
-    Napi::TypeError::New(env, "spawn(plan): plan must be an object").ThrowAsJavaScriptException();
-    return env.Undefined();
-  }
-  Napi::Object obj = info[0].As<Napi::Object>();
+// What Spawn and Enter share: the plan, stdio, extra fds, the terminal
+// socket and the pipes between parent and child.
+struct Prepared {
   Plan plan;
-  std::string error;
-  if (!ReadPlan(obj, plan, error)) {
-    Napi::TypeError::New(env, error).ThrowAsJavaScriptException();
-    return env.Undefined();
-  }
-
   FdSet owned;       // parent ends, released into the result
   FdSet child_only;  // child ends, closed in the parent after clone
+  int parent_ends[3] = {-1, -1, -1};
+  int pty_sock[2] = {-1, -1};
+  int sync[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
+  int pid_pipe[2] = {-1, -1}, control[2] = {-1, -1};
+};
 
+bool Prepare(Napi::Env env, const Napi::Object& obj, Prepared& p, bool enter) {
+  std::string error;
+  if (!ReadPlan(obj, p.plan, error)) {
+    Napi::TypeError::New(env, error).ThrowAsJavaScriptException();
+    return false;
+  }
+  Plan& plan = p.plan;
   // The terminal is allocated by the child inside the sandbox's own devpts
   // and its master comes back over this socket.
-  int pty_sock[2] = {-1, -1};
   if (plan.pty) {
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pty_sock) < 0) {
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, p.pty_sock) < 0) {
       SysError(env, "socketpair for the terminal", errno).ThrowAsJavaScriptException();
-      return env.Undefined();
+      return false;
     }
-    owned.Add(pty_sock[0]);
-    child_only.Add(pty_sock[1]);
-    Napi::Object p = obj.Get("pty").As<Napi::Object>();
-    if (p.Get("cols").IsNumber()) plan.pty_cols = static_cast<uint16_t>(p.Get("cols").As<Napi::Number>().Uint32Value());
-    if (p.Get("rows").IsNumber()) plan.pty_rows = static_cast<uint16_t>(p.Get("rows").As<Napi::Number>().Uint32Value());
+    p.owned.Add(p.pty_sock[0]);
+    p.child_only.Add(p.pty_sock[1]);
+    Napi::Object t = obj.Get("pty").As<Napi::Object>();
+    if (t.Get("cols").IsNumber()) plan.pty_cols = static_cast<uint16_t>(t.Get("cols").As<Napi::Number>().Uint32Value());
+    if (t.Get("rows").IsNumber()) plan.pty_rows = static_cast<uint16_t>(t.Get("rows").As<Napi::Number>().Uint32Value());
   }
-
-  Napi::Value stdio_v = obj.Get("stdio");
-  if (!stdio_v.IsArray() || stdio_v.As<Napi::Array>().Length() != 3) {
-    Napi::TypeError::New(env, "plan.stdio must be an array of three entries").ThrowAsJavaScriptException();
-    return env.Undefined();
-  }
-  Napi::Array stdio = stdio_v.As<Napi::Array>();
-  int parent_ends[3];
-  for (int i = 0; i < 3; i++) {
-    if (!WireStdio(env, stdio.Get(i), i, plan.pty, owned, child_only, plan, parent_ends[i], error)) {
-      Napi::TypeError::New(env, error).ThrowAsJavaScriptException();
-      return env.Undefined();
+  if (!plan.hold) {
+    Napi::Value stdio_v = obj.Get("stdio");
+    if (!stdio_v.IsArray() || stdio_v.As<Napi::Array>().Length() != 3) {
+      Napi::TypeError::New(env, "plan.stdio must be an array of three entries").ThrowAsJavaScriptException();
+      return false;
+    }
+    Napi::Array stdio = stdio_v.As<Napi::Array>();
+    for (int i = 0; i < 3; i++) {
+      if (!WireStdio(env, stdio.Get(i), i, plan.pty, p.owned, p.child_only, plan, p.parent_ends[i], error)) {
+        Napi::TypeError::New(env, error).ThrowAsJavaScriptException();
+        return false;
+      }
     }
   }
   Napi::Value extra = obj.Get("extraFds");
@@ -166,13 +167,13 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
       Napi::Value e = a.Get(i);
       if (!e.IsObject() || !e.As<Napi::Object>().Get("target").IsNumber() || !e.As<Napi::Object>().Get("fd").IsNumber()) {
         Napi::TypeError::New(env, "plan.extraFds entries need numeric target and fd").ThrowAsJavaScriptException();
-        return env.Undefined();
+        return false;
       }
       int target = e.As<Napi::Object>().Get("target").As<Napi::Number>().Int32Value();
       int fd = e.As<Napi::Object>().Get("fd").As<Napi::Number>().Int32Value();
       if (target < 3 || target > 255 || fcntl(fd, F_GETFD) < 0) {
         Napi::TypeError::New(env, "plan.extraFds: target must be 3..255 and fd open").ThrowAsJavaScriptException();
-        return env.Undefined();
+        return false;
       }
       plan.fds.push_back({target, fd});
     }
@@ -181,24 +182,95 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   for (size_t i = 1; i < plan.fds.size(); i++) {
     if (plan.fds[i].target == plan.fds[i - 1].target) {
       Napi::TypeError::New(env, "plan: fd " + std::to_string(plan.fds[i].target) + " is wired twice").ThrowAsJavaScriptException();
-      return env.Undefined();
+      return false;
     }
   }
   plan.finalize();
 
-  int sync[2], err[2], status[2];
-  if (pipe2(sync, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(status, O_CLOEXEC) < 0) {
-    SysError(env, "pipe2", errno).ThrowAsJavaScriptException();
+  bool ok = pipe2(p.sync, O_CLOEXEC) == 0 && pipe2(p.err, O_CLOEXEC) == 0 && pipe2(p.status, O_CLOEXEC) == 0;
+  if (ok && enter) ok = pipe2(p.pid_pipe, O_CLOEXEC) == 0 && pipe2(p.control, O_CLOEXEC) == 0;
+  int e = errno;
+  for (int fd : {p.sync[1], p.err[0], p.status[0], p.pid_pipe[0], p.control[1]}) p.owned.Add(fd);
+  for (int fd : {p.sync[0], p.err[1], p.status[1], p.pid_pipe[1], p.control[0]}) p.child_only.Add(fd);
+  if (!ok) {
+    SysError(env, "pipe2", e).ThrowAsJavaScriptException();
+    return false;
+  }
+  return true;
+}
+
+// The parent's side before the child may run anything: id maps (new
+// sandbox) and cgroup membership, so nothing escapes a limit even briefly.
+bool ReleaseChild(Napi::Env env, Prepared& p, pid_t pid, int pidfd, bool write_maps) {
+  const Plan& plan = p.plan;
+  auto abort_child = [&](const std::string& what, int e) {
+    sys::pidfd_send_signal(pidfd, SIGKILL);
+    siginfo_t si;
+    waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &si, WEXITED);
+    SysError(env, what, e).ThrowAsJavaScriptException();
+    return false;
+  };
+  int e = 0;
+  if (write_maps && (plan.namespaces & NS_USER)) {
+    if (plan.deny_setgroups && !WriteProcFile(pid, "setgroups", "deny", e))
+      return abort_child("writing the sandbox's setgroups", e);
+    if (!plan.uid_map.empty() && !WriteProcFile(pid, "uid_map", plan.uid_map, e))
+      return abort_child("writing the sandbox's uid_map '" + plan.uid_map + "'", e);
+    if (!plan.gid_map.empty() && !WriteProcFile(pid, "gid_map", plan.gid_map, e))
+      return abort_child("writing the sandbox's gid_map '" + plan.gid_map + "'", e);
+  }
+  for (const std::string& procs : plan.cgroup_procs) {
+    int fd = open(procs.c_str(), O_WRONLY | O_CLOEXEC);
+    std::string text = std::to_string(pid);
+    bool wrote = fd >= 0 && write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    e = errno;
+    if (fd >= 0) close(fd);
+    if (!wrote) return abort_child("adding the sandbox to " + procs, e);
+  }
+  char go = 1;
+  if (write(p.sync[1], &go, 1) != 1) return abort_child("releasing the sandbox child", errno);
+  return true;
+}
+
+long Clone(uint64_t flags, int* pidfd) {
+  struct clone_args args;
+  memset(&args, 0, sizeof args);
+  args.flags = flags | CLONE_PIDFD;
+  args.pidfd = reinterpret_cast<uint64_t>(pidfd);
+  args.exit_signal = SIGCHLD;
+  return syscall(SYS_clone3, &args, sizeof args);
+}
+
+Napi::Object Result(Napi::Env env, Prepared& p, long pid, int pidfd) {
+  Napi::Object result = Napi::Object::New(env);
+  auto give = [&](const char* key, int fd) {
+    if (fd >= 0) p.owned.Release(fd);
+    result.Set(key, fd >= 0 ? Napi::Number::New(env, fd) : env.Null());
+  };
+  result.Set("pid", pid > 0 ? Napi::Number::New(env, static_cast<double>(pid)) : env.Null());
+  give("pidfd", pidfd);
+  give("errFd", p.err[0]);
+  give("statusFd", p.status[0]);
+  give("stdin", p.parent_ends[0]);
+  give("stdout", p.parent_ends[1]);
+  give("stderr", p.parent_ends[2]);
+  give("ptySocket", p.pty_sock[0]);
+  give("controlFd", p.control[1]);
+  return result;  // sync and pid pipes close with `owned`
+}
+
+// spawn(plan): a new sandbox.
+Napi::Value Spawn(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsObject()) {
+    Napi::TypeError::New(env, "spawn(plan): plan must be an object").ThrowAsJavaScriptException();
     return env.Undefined();
   }
-  owned.Add(sync[1]);
-  owned.Add(err[0]);
-  owned.Add(status[0]);
-  child_only.Add(sync[0]);
-  child_only.Add(err[1]);
-  child_only.Add(status[1]);
+  Prepared p;
+  if (!Prepare(env, info[0].As<Napi::Object>(), p, false)) return env.Undefined();
+  const Plan& plan = p.plan;
 
-  uint64_t flags = CLONE_NEWNS | CLONE_PIDFD;
+  uint64_t flags = CLONE_NEWNS;
   if (plan.namespaces & NS_USER) flags |= CLONE_NEWUSER;
   if (plan.namespaces & NS_PID) flags |= CLONE_NEWPID;
   if (plan.namespaces & NS_IPC) flags |= CLONE_NEWIPC;
@@ -206,21 +278,14 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   if (plan.namespaces & NS_NET) flags |= CLONE_NEWNET;
   if (plan.namespaces & NS_CGROUP) flags |= CLONE_NEWCGROUP;
 
+  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], -1, -1};
   int pidfd = -1;
-  struct clone_args args;
-  memset(&args, 0, sizeof args);
-  args.flags = flags;
-  args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
-  args.exit_signal = SIGCHLD;
-
-  ChildFds cfds{sync[0], sync[1], err[1], status[1], pty_sock[1]};
-
   // Every signal stays blocked across clone() so none is delivered to the
   // child through Node's handlers before it resets them.
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  long pid = syscall(SYS_clone3, &args, sizeof args);
+  long pid = Clone(flags, &pidfd);
   if (pid == 0) RunChild(plan, cfds);
   int clone_err = errno;
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
@@ -229,44 +294,61 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
         .ThrowAsJavaScriptException();
     return env.Undefined();
   }
-  owned.Add(pidfd);
+  p.owned.Add(pidfd);
+  if (!ReleaseChild(env, p, static_cast<pid_t>(pid), pidfd, true)) return env.Undefined();
+  return Result(env, p, pid, pidfd);
+}
 
-  auto abort_child = [&](const std::string& what, int e) {
-    sys::pidfd_send_signal(pidfd, SIGKILL);
-    siginfo_t si;
-    waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &si, WEXITED);
-    SysError(env, what, e).ThrowAsJavaScriptException();
+// enter(targetPidfd, plan): a command in the sandbox whose PID 1 is target.
+// The monitor it starts is a child of ours; its pid comes back from the
+// short-lived go-between, which is reaped here.
+Napi::Value Enter(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 2 || !info[0].IsNumber() || !info[1].IsObject()) {
+    Napi::TypeError::New(env, "enter(targetPidfd, plan)").ThrowAsJavaScriptException();
     return env.Undefined();
-  };
-
-  // The parent writes the id maps: only it may map more than its own id
-  // (when privileged), and the child must not run unmapped code meanwhile.
-  if (plan.namespaces & NS_USER) {
-    int e = 0;
-    if (plan.deny_setgroups && !WriteProcFile(static_cast<pid_t>(pid), "setgroups", "deny", e))
-      return abort_child("writing the sandbox's setgroups", e);
-    if (!plan.uid_map.empty() && !WriteProcFile(static_cast<pid_t>(pid), "uid_map", plan.uid_map, e))
-      return abort_child("writing the sandbox's uid_map '" + plan.uid_map + "'", e);
-    if (!plan.gid_map.empty() && !WriteProcFile(static_cast<pid_t>(pid), "gid_map", plan.gid_map, e))
-      return abort_child("writing the sandbox's gid_map '" + plan.gid_map + "'", e);
   }
-  char go = 1;
-  if (write(sync[1], &go, 1) != 1) return abort_child("releasing the sandbox child", errno);
+  int target = info[0].As<Napi::Number>().Int32Value();
+  Prepared p;
+  if (!Prepare(env, info[1].As<Napi::Object>(), p, true)) return env.Undefined();
+  const Plan& plan = p.plan;
 
-  Napi::Object result = Napi::Object::New(env);
-  auto give = [&](const char* key, int fd) {
-    if (fd >= 0) owned.Release(fd);
-    result.Set(key, fd >= 0 ? Napi::Number::New(env, fd) : env.Null());
-  };
-  result.Set("pid", Napi::Number::New(env, static_cast<double>(pid)));
-  give("pidfd", pidfd);
-  give("errFd", err[0]);
-  give("statusFd", status[0]);
-  give("stdin", parent_ends[0]);
-  give("stdout", parent_ends[1]);
-  give("stderr", parent_ends[2]);
-  give("ptySocket", pty_sock[0]);
-  return result;  // sync[1] closes with `owned`; the child has read its byte
+  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], p.pid_pipe[1], p.control[0]};
+  int gobetween_fd = -1;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  long pid = Clone(0, &gobetween_fd);
+  if (pid == 0) RunEnter(plan, cfds, target);
+  int clone_err = errno;
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (pid < 0) {
+    SysError(env, "clone3", clone_err).ThrowAsJavaScriptException();
+    return env.Undefined();
+  }
+  FdSet gobetween;
+  gobetween.Add(gobetween_fd);
+  if (!ReleaseChild(env, p, static_cast<pid_t>(pid), gobetween_fd, false)) return env.Undefined();
+  // setns() and one clone(): this wait is a fraction of a millisecond.
+  siginfo_t si;
+  while (waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(gobetween_fd), &si, WEXITED) < 0 && errno == EINTR) {
+  }
+  close(p.pid_pipe[1]);
+  p.child_only.Release(p.pid_pipe[1]);
+  int32_t monitor = -1;
+  if (read(p.pid_pipe[0], &monitor, sizeof monitor) != sizeof monitor) monitor = -1;
+  int pidfd = -1;
+  if (monitor > 0) {
+    pidfd = static_cast<int>(syscall(SYS_pidfd_open, monitor, 0));
+    if (pidfd < 0) {
+      kill(monitor, SIGKILL);
+      SysError(env, "pidfd_open of the command's monitor", errno).ThrowAsJavaScriptException();
+      return env.Undefined();
+    }
+    p.owned.Add(pidfd);
+  }
+  // No monitor: the go-between failed and its error record is in errFd.
+  return Result(env, p, monitor, pidfd);
 }
 
 // signal(pidfd, signo) -> true if delivered, false if the process is gone.
@@ -301,6 +383,7 @@ Napi::Value ResizePty(const Napi::CallbackInfo& info) {
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("spawn", Napi::Function::New(env, Spawn, "spawn"));
+  exports.Set("enter", Napi::Function::New(env, Enter, "enter"));
   exports.Set("signal", Napi::Function::New(env, Signal, "signal"));
   exports.Set("resizePty", Napi::Function::New(env, ResizePty, "resizePty"));
   exports.Set("watchExit", DefineExitWatch(env));

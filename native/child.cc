@@ -23,9 +23,13 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <poll.h>
+#include <sched.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -54,7 +58,7 @@ const char* const kStepNames[] = {
     "new-session",     "controlling-tty", "fds",         "rlimit",
     "setgroups",       "setgid",        "setuid",        "capabilities",
     "no-new-privs",    "chdir",         "exec",          "death-signal",
-    "pty",
+    "pty",             "setns",         "monitor",
 };
 static_assert(sizeof(kStepNames) / sizeof(kStepNames[0]) == static_cast<size_t>(Step::Count),
               "kStepNames must name every Step");
@@ -669,7 +673,8 @@ void NoopHandler(int) {}
 
 // PID 1 of the sandbox: reaps every orphan, forwards signals to the tree,
 // and when the main process exits reports its wait status and exits, which
-// makes the kernel kill everything left in the PID namespace.
+// makes the kernel kill everything left in the PID namespace. With no main
+// process (main_pid < 0, a persistent sandbox) it only reaps, until killed.
 [[noreturn]] void RunInit(pid_t main_pid, int status_fd) {
   prctl(PR_SET_NAME, "msbx-init", 0, 0, 0);
   // Without a handler the kernel drops signals sent to a namespace's init,
@@ -706,11 +711,10 @@ void NoopHandler(int) {}
   }
 }
 
-}  // namespace
-
-[[noreturn]] void RunChild(const Plan& plan, const ChildFds& fds) {
+// First steps of every child: forget Node's signal handlers, die with the
+// parent, and wait until the parent has finished its side (id maps, cgroups).
+void StartChild(const Plan& plan, const ChildFds& fds) {
   g_err_fd = fds.err_write;
-
   // Node's signal handlers were copied by clone(); left in place they would
   // write into libuv's pipes shared with the parent.
   struct sigaction dfl;
@@ -728,6 +732,203 @@ void NoopHandler(int) {}
   do got = read(fds.sync_read, &go, 1); while (got < 0 && errno == EINTR);
   if (got != 1) _exit(127);  // the parent gave up (or died) before releasing us
   close(fds.sync_read);
+}
+
+// Pids of every descendant of `root` in the PID namespace /proc shows, found
+// by scanning /proc/*/stat for parent links (threads and orphans included,
+// since a subreaper adopts them). Fixed buffers: no allocation here.
+constexpr int kMaxPids = 8192;
+
+int ParentOfPid(int pid) {
+  char path[64], buf[512];
+  // "/proc/<pid>/stat"
+  const char* pre = "/proc/";
+  size_t n = 0;
+  for (const char* p = pre; *p; p++) path[n++] = *p;
+  char digits[16];
+  int d = 0;
+  for (int v = pid; v > 0; v /= 10) digits[d++] = static_cast<char>('0' + v % 10);
+  while (d > 0) path[n++] = digits[--d];
+  for (const char* p = "/stat"; *p; p++) path[n++] = *p;
+  path[n] = 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t len = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (len <= 0) return -1;
+  buf[len] = 0;
+  // The command name may hold spaces and ')': the ppid follows the last ')'.
+  char* close_paren = nullptr;
+  for (char* p = buf; *p; p++)
+    if (*p == ')') close_paren = p;
+  if (!close_paren) return -1;
+  char* p = close_paren + 2;  // state
+  while (*p && *p != ' ') p++;
+  int ppid = 0;
+  for (p++; *p >= '0' && *p <= '9'; p++) ppid = ppid * 10 + (*p - '0');
+  return ppid;
+}
+
+int CollectDescendants(int root, int* out) {
+  static int pids[kMaxPids], parents[kMaxPids];
+  int count = 0;
+  int dir = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return 0;
+  char buf[4096];
+  for (;;) {
+    long n = syscall(SYS_getdents64, dir, buf, sizeof buf);
+    if (n <= 0) break;
+    for (long off = 0; off < n;) {
+      struct linux_dirent64 {
+        uint64_t d_ino;
+        int64_t d_off;
+        unsigned short d_reclen;
+        unsigned char d_type;
+        char d_name[];
+      };
+      auto* e = reinterpret_cast<linux_dirent64*>(buf + off);
+      off += e->d_reclen;
+      int pid = 0;
+      bool numeric = e->d_name[0] != 0;
+      for (const char* c = e->d_name; *c; c++) {
+        if (*c < '0' || *c > '9') numeric = false;
+        else pid = pid * 10 + (*c - '0');
+      }
+      if (!numeric || count >= kMaxPids) continue;
+      int ppid = ParentOfPid(pid);
+      if (ppid < 0) continue;
+      pids[count] = pid;
+      parents[count] = ppid;
+      count++;
+    }
+  }
+  close(dir);
+  // Fixed point: a pid is a descendant if its parent is root or a descendant.
+  int found = 0;
+  bool grew = true;
+  static bool mark[kMaxPids];
+  for (int i = 0; i < count; i++) mark[i] = false;
+  while (grew) {
+    grew = false;
+    for (int i = 0; i < count; i++) {
+      if (mark[i]) continue;
+      bool child = parents[i] == root;
+      for (int j = 0; !child && j < found; j++) child = parents[i] == out[j];
+      if (child) {
+        mark[i] = true;
+        out[found++] = pids[i];
+        grew = true;
+      }
+    }
+  }
+  return found;
+}
+
+// Stops then kills every descendant, again and again until none is left: a
+// stopped process cannot fork, and orphans of killed ones come back to us
+// (we are their subreaper) for the next round.
+void KillTree() {
+  static int victims[kMaxPids];
+  int self = static_cast<int>(syscall(SYS_getpid));
+  for (int round = 0; round < 1000; round++) {
+    int n = CollectDescendants(self, victims);
+    if (n == 0) return;
+    for (int i = 0; i < n; i++) kill(victims[i], SIGSTOP);
+    for (int i = 0; i < n; i++) kill(victims[i], SIGKILL);
+    int st;
+    while (waitpid(-1, &st, WNOHANG) > 0) {
+    }
+  }
+}
+
+// The monitor of a command run in an existing sandbox: reaps it, reports
+// its status, forwards signals, and kills its whole subtree on request.
+[[noreturn]] void RunMonitor(pid_t main_pid, int status_fd, int control_fd) {
+  prctl(PR_SET_NAME, "msbx-exec", 0, 0, 0);
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sfd < 0) _exit(127);
+  struct pollfd pfd[2] = {{sfd, POLLIN, 0}, {control_fd, POLLIN, 0}};
+  for (;;) {
+    int n = poll(pfd, control_fd >= 0 ? 2 : 1, -1);
+    if (n < 0) continue;
+    if (control_fd >= 0 && (pfd[1].revents & (POLLIN | POLLHUP))) {
+      unsigned char cmd;
+      ssize_t got = read(control_fd, &cmd, 1);
+      if (got <= 0) {
+        control_fd = -1;  // the parent closed it: nothing more will come
+      } else if (cmd == kControlKillTree) {
+        KillTree();
+      } else {
+        kill(main_pid, cmd);
+      }
+    }
+    struct signalfd_siginfo si;
+    while (read(sfd, &si, sizeof si) == sizeof si) {
+    }
+    for (;;) {
+      int st = 0;
+      pid_t p = waitpid(-1, &st, WNOHANG);
+      if (p <= 0) break;
+      if (p == main_pid) {
+        int32_t status = st;
+        ssize_t unused = write(status_fd, &status, sizeof status);
+        (void)unused;
+        _exit(0);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+[[noreturn]] void RunEnter(const Plan& plan, const ChildFds& fds, int target_pidfd) {
+  StartChild(plan, fds);
+  // One call joins every namespace of the sandbox's PID 1, the user
+  // namespace first; the mount namespace brings its root and cwd.
+  int flags = 0;
+  if (plan.namespaces & NS_USER) flags |= CLONE_NEWUSER;
+  if (plan.namespaces & NS_MOUNT) flags |= CLONE_NEWNS;
+  if (plan.namespaces & NS_PID) flags |= CLONE_NEWPID;
+  if (plan.namespaces & NS_IPC) flags |= CLONE_NEWIPC;
+  if (plan.namespaces & NS_UTS) flags |= CLONE_NEWUTS;
+  if (plan.namespaces & NS_NET) flags |= CLONE_NEWNET;
+  if (plan.namespaces & NS_CGROUP) flags |= CLONE_NEWCGROUP;
+  if (setns(target_pidfd, flags) < 0) Fail(Step::Setns);
+
+  // The monitor is born inside the sandbox's PID namespace (only children
+  // enter it) and, with CLONE_PARENT, as a child of Node itself: Node can
+  // watch it with a pidfd, and this go-between exits at once.
+  pid_t monitor = static_cast<pid_t>(syscall(SYS_clone, CLONE_PARENT, 0, 0, 0, 0));
+  if (monitor < 0) Fail(Step::Monitor);
+  if (monitor > 0) {
+    int32_t pid = monitor;
+    ssize_t unused = write(fds.pid_write, &pid, sizeof pid);
+    (void)unused;
+    _exit(0);
+  }
+
+  if (plan.die_with_parent && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) Fail(Step::DeathSignal);
+  // Orphans of the command come back to the monitor, so KillTree sees them.
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) Fail(Step::Monitor);
+  if (plan.pty) OpenSandboxPty(plan, fds.pty_socket);
+  sigset_t all;
+  sigfillset(&all);
+  sigprocmask(SIG_SETMASK, &all, nullptr);
+  pid_t main_pid = static_cast<pid_t>(syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0));
+  if (main_pid < 0) Fail(Step::Monitor);
+  if (main_pid == 0) ExecMain(plan, fds);
+  int status_fd = fcntl(fds.status_write, F_DUPFD_CLOEXEC, kHighFd);
+  int control_fd = fcntl(fds.control_read, F_DUPFD_CLOEXEC, kHighFd + 1);
+  sys::close_range(0, kHighFd - 1, 0);
+  sys::close_range(static_cast<unsigned>(control_fd) + 1, ~0u, 0);
+  RunMonitor(main_pid, status_fd, control_fd);
+}
+
+[[noreturn]] void RunChild(const Plan& plan, const ChildFds& fds) {
+  StartChild(plan, fds);
 
   if ((plan.namespaces & NS_UTS) && !plan.hostname.empty() &&
       sethostname(plan.hostname.c_str(), plan.hostname.size()) < 0)
@@ -736,7 +937,13 @@ void NoopHandler(int) {}
   SetUpFilesystem(plan);
   if (plan.pty) OpenSandboxPty(plan, fds.pty_socket);
 
-  if ((plan.namespaces & NS_PID) && !plan.as_pid1) {
+  if (plan.hold) {
+    int status_fd = fcntl(fds.status_write, F_DUPFD_CLOEXEC, kHighFd);
+    sys::close_range(0, kHighFd - 1, 0);
+    sys::close_range(static_cast<unsigned>(status_fd) + 1, ~0u, 0);
+    RunInit(-1, status_fd);
+  }
+  if (plan.namespaces & NS_PID) {
     // Signals stay blocked across the fork so init cannot miss the main
     // process's SIGCHLD; the main process unblocks them before exec.
     sigset_t all;

@@ -43,6 +43,8 @@ enum class Step : int32_t {
   Exec,
   DeathSignal,
   Pty,
+  Setns,
+  Monitor,
   Count,
 };
 
@@ -66,8 +68,20 @@ struct ChildFds {
   int err_write;     // ErrorRecord channel; EOF at the parent means exec happened
   int status_write;  // PID 1 writes the main process's wait status here
   int pty_socket;    // plan.pty: the pty master is sent to the parent here
+  int pid_write;     // Enter: the monitor's pid, as the parent sees it
+  int control_read;  // Enter: kill-tree and signal requests for the monitor
 };
 
+// Control bytes the parent writes to a monitor; any other byte is a signal
+// number to forward to the command.
+constexpr unsigned char kControlKillTree = 0xff;
+
+// A new sandbox: namespaces, mounts, pivot, then PID 1 and the command.
 [[noreturn]] void RunChild(const Plan& plan, const ChildFds& fds);
+
+// A command in an existing sandbox: joins the namespaces of `target_pidfd`
+// (its PID 1), then starts a monitor inside them that runs the command and
+// can kill its whole subtree without touching the rest of the sandbox.
+[[noreturn]] void RunEnter(const Plan& plan, const ChildFds& fds, int target_pidfd);
 
 }  // namespace msbx

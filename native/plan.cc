@@ -180,10 +180,11 @@ bool ReadPlan(const Napi::Object& o, Plan& plan, std::string& error) {
             r.StrList(o, "argv", plan.argv) && r.StrList(o, "env", plan.env) &&
             r.StrList(o, "execCandidates", plan.exec_candidates) && r.Str(o, "cwd", plan.cwd, true) &&
             r.Bool(o, "noNewPrivs", plan.no_new_privs) && r.Bool(o, "newSession", plan.new_session) &&
-            r.Bool(o, "dieWithParent", plan.die_with_parent) && r.Bool(o, "asPid1", plan.as_pid1);
+            r.Bool(o, "dieWithParent", plan.die_with_parent) && r.Bool(o, "hold", plan.hold) &&
+            r.StrList(o, "cgroupProcs", plan.cgroup_procs);
   if (!ok) return error = r.error, false;
-  if (plan.argv.empty()) return error = "plan.argv must not be empty", false;
-  if (plan.exec_candidates.empty()) return error = "plan.execCandidates must not be empty", false;
+  if (!plan.hold && plan.argv.empty()) return error = "plan.argv must not be empty", false;
+  if (!plan.hold && plan.exec_candidates.empty()) return error = "plan.execCandidates must not be empty", false;
 
   Napi::Value ids = o.Get("user");
   if (ids.IsObject()) {

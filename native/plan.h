@@ -98,8 +98,12 @@ struct Plan {
   std::vector<Rlimit> rlimits;
   std::vector<FdMapping> fds;  // sorted by target
 
-  // Process-group tree kill support when there is no PID namespace.
-  bool as_pid1 = false;  // exec the payload as PID 1 itself (no reaper)
+  // A persistent sandbox: PID 1 holds the namespaces and starts nothing;
+  // commands join later with Enter().
+  bool hold = false;
+  // cgroup.procs files the parent writes the child's pid into before it
+  // runs anything, so every process of the sandbox is counted from birth.
+  std::vector<std::string> cgroup_procs;
 
   // Pointers into the strings above, built last (vectors must not move).
   std::vector<char*> argv_ptrs;

@@ -55,7 +55,10 @@ export interface NativePlan {
   keepCaps?: number[];
   newSession?: boolean;
   dieWithParent?: boolean;
-  asPid1?: boolean;
+  /** A persistent sandbox: PID 1 starts nothing and waits for enter(). */
+  hold?: boolean;
+  /** cgroup.procs files the child's pid is written to before it runs. */
+  cgroupProcs?: string[];
   rlimits?: { resource: number; soft: number; hard: number }[];
   stdio: [NativeStdio, NativeStdio, NativeStdio];
   extraFds?: { target: number; fd: number }[];
@@ -63,8 +66,9 @@ export interface NativePlan {
 }
 
 export interface NativeSpawnResult {
-  pid: number;
-  pidfd: number;
+  /** Host pid of PID 1 (spawn) or of the command's monitor (enter); null if enter failed early. */
+  pid: number | null;
+  pidfd: number | null;
   /** Setup errors arrive here as 256-byte records; EOF means exec happened. */
   errFd: number;
   /** PID 1 writes the main process's wait status here before it exits. */
@@ -74,6 +78,8 @@ export interface NativeSpawnResult {
   stderr: number | null;
   /** With plan.pty: the child sends the terminal's master fd over this socket. */
   ptySocket: number | null;
+  /** enter(): kill-tree (0xff) and signal-number bytes for the command's monitor. */
+  controlFd: number | null;
 }
 
 export interface ExitWatch {
@@ -83,6 +89,8 @@ export interface ExitWatch {
 
 interface Addon {
   spawn(plan: NativePlan): NativeSpawnResult;
+  /** Runs plan's process in the namespaces of the sandbox whose PID 1 is targetPidfd. */
+  enter(targetPidfd: number, plan: NativePlan): NativeSpawnResult;
   signal(pidfd: number, signo: number): boolean;
   resizePty(fd: number, cols: number, rows: number): void;
   watchExit(

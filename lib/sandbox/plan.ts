@@ -29,6 +29,7 @@ const PROCESS_KEYS = [
 ] as const;
 const RUN_KEYS = ['input', 'maxBuffer', 'encoding'] as const;
 export const KNOWN_OPTION_KEYS = new Set<string>([...SANDBOX_KEYS, ...PROCESS_KEYS, ...RUN_KEYS]);
+export const PROCESS_OPTION_KEYS = new Set<string>([...PROCESS_KEYS, ...RUN_KEYS]);
 const OPTIONAL_NAMESPACES = ['user', 'pid', 'ipc', 'uts', 'cgroup'] as const;
 
 function fail(option: string, reason: string): never {
@@ -132,7 +133,7 @@ function checkConflicts(mounts: Mount[]): void {
   });
 }
 
-interface Identity {
+export interface Identity {
   userns: boolean;
   uidMap?: string;
   gidMap?: string;
@@ -259,17 +260,31 @@ export function describeNativeOp(op: NativeOp): string {
   }
 }
 
-/** Validates options and builds the native plan; throws ConfigError. */
-export function buildPlan(opts: SpawnOptions): BuiltPlan {
-  if (typeof opts !== 'object' || opts === null) throw new ConfigError('options must be an object');
-  for (const key of Object.keys(opts)) {
-    if (!KNOWN_OPTION_KEYS.has(key)) fail(key, 'unknown option');
-  }
-  if (!Array.isArray(opts.argv) || opts.argv.length === 0 || !opts.argv.every((a) => typeof a === 'string')) {
-    fail('argv', 'must be a non-empty array of strings');
-  }
-  if (opts.argv.some((a) => a.includes('\0'))) fail('argv', 'contains a NUL byte');
+/** The sandbox half of a plan: namespaces, identity, mounts. */
+export interface SandboxPart {
+  namespaces: NamespaceName[];
+  identity: Identity;
+  hostname: string;
+  root: 'host' | 'empty';
+  ops: NativeOp[];
+  pivot: boolean;
+  readOnlyRoot: boolean;
+}
 
+export interface ProcessDefaults {
+  /** Variables every process of this sandbox starts with (before its own env). */
+  env?: Record<string, string>;
+  /** Capabilities granted unless the process asks for its own list. */
+  capabilities?: string[];
+  rlimits?: ProcessOptions['rlimits'];
+}
+
+function checkKeys(opts: object, allowed: Set<string>): void {
+  for (const key of Object.keys(opts)) if (!allowed.has(key)) fail(key, 'unknown option');
+}
+
+/** Validates the sandbox options and builds the mount plan; throws ConfigError. */
+export function buildSandboxPart(opts: SandboxOptions, extraOps: NativeOp[] = []): SandboxPart {
   const ns = namespaces(opts);
   const id = identity(opts, ns);
   if (!ns.has('pid') && (opts.proc ?? true) && (opts.root ?? 'host') === 'host') {
@@ -279,7 +294,6 @@ export function buildPlan(opts: SpawnOptions): BuiltPlan {
   if (typeof hostname !== 'string' || !/^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$/.test(hostname)) {
     fail('hostname', `'${String(hostname)}' is not a valid host name`);
   }
-
   const ops: NativeOp[] = [];
   const root = opts.root ?? 'host';
   if (root !== 'host' && root !== 'empty') fail('root', `'${String(root)}' must be 'host' or 'empty'`);
@@ -304,12 +318,28 @@ export function buildPlan(opts: SpawnOptions): BuiltPlan {
   } else if (opts.workDir !== undefined) {
     fail('workDir', "needs root 'host' (with root 'empty', bind it through mounts)");
   }
+  ops.push(...extraOps);
   const mounts = opts.mounts ?? [];
   if (!Array.isArray(mounts)) fail('mounts', 'must be an array');
   checkConflicts(mounts);
   mounts.forEach((m, i) => ops.push(...mountOps(m, i, id.userns)));
+  const rootSwitch = opts.rootSwitch ?? 'pivot_root';
+  if (rootSwitch !== 'pivot_root' && rootSwitch !== 'chroot') fail('rootSwitch', "must be 'pivot_root' or 'chroot'");
+  return { namespaces: [...ns], identity: id, hostname, root, ops, pivot: rootSwitch === 'pivot_root', readOnlyRoot: !!opts.readOnlyRoot };
+}
 
-  const cwd = checkSandboxPath('cwd', opts.cwd ?? (root === 'host' ? WORK_DIR : '/'));
+/** The process half: argv, environment, ids, capabilities, stdio, limits. */
+export function buildProcessPart(
+  opts: ProcessOptions,
+  sandbox: SandboxPart,
+  defaults: ProcessDefaults = {},
+): Pick<NativePlan, 'argv' | 'env' | 'execCandidates' | 'cwd' | 'user' | 'noNewPrivs' | 'keepCaps' | 'newSession' | 'dieWithParent' | 'rlimits' | 'stdio' | 'extraFds' | 'pty'> {
+  if (!Array.isArray(opts.argv) || opts.argv.length === 0 || !opts.argv.every((a) => typeof a === 'string')) {
+    fail('argv', 'must be a non-empty array of strings');
+  }
+  if (opts.argv.some((a) => a.includes('\0'))) fail('argv', 'contains a NUL byte');
+  const id = sandbox.identity;
+  const cwd = checkSandboxPath('cwd', opts.cwd ?? (sandbox.root === 'host' ? WORK_DIR : '/'));
   const user = opts.user;
   if (user !== undefined) {
     if (!Number.isInteger(user.uid) || !Number.isInteger(user.gid) || user.uid < 0 || user.gid < 0) fail('user', 'needs integer uid and gid');
@@ -317,19 +347,18 @@ export function buildPlan(opts: SpawnOptions): BuiltPlan {
       fail('user', `uid ${user.uid}/gid ${user.gid} is not mapped in the sandbox's user namespace (mapped: ${id.insideUid}/${id.insideGid})`);
     }
   }
-  const keepCaps = (opts.capabilities ?? []).map((c) => {
+  const keepCaps = (opts.capabilities ?? defaults.capabilities ?? []).map((c) => {
     const n = CAPABILITIES[c.toUpperCase().startsWith('CAP_') ? c.toUpperCase() : `CAP_${c.toUpperCase()}`];
     if (n === undefined) fail('capabilities', `unknown capability '${c}'`);
     return n;
   });
-
   let pty: NativePlan['pty'];
   if (opts.pty) {
     const p = typeof opts.pty === 'object' ? opts.pty : {};
     pty = { cols: p.cols ?? 80, rows: p.rows ?? 24 };
   }
   const uidInside = user?.uid ?? id.insideUid;
-  const env = environment(opts, uidInside === 0 ? '/root' : WORK_DIR, !!pty);
+  const env = environment({ ...opts, env: { ...defaults.env, ...opts.env } }, uidInside === 0 ? '/root' : WORK_DIR, !!pty);
   const extraFds = Object.entries(opts.fds ?? {}).map(([t, fd]) => {
     const target = Number(t);
     if (!Number.isInteger(target) || target < 3 || target > 255) fail(`fds.${t}`, 'target must be an fd number from 3 to 255');
@@ -337,18 +366,7 @@ export function buildPlan(opts: SpawnOptions): BuiltPlan {
     return { target, fd };
   });
   if (opts.timeout !== undefined && (typeof opts.timeout !== 'number' || !(opts.timeout > 0))) fail('timeout', 'must be a positive number of milliseconds');
-  const rootSwitch = opts.rootSwitch ?? 'pivot_root';
-  if (rootSwitch !== 'pivot_root' && rootSwitch !== 'chroot') fail('rootSwitch', "must be 'pivot_root' or 'chroot'");
-
-  const plan: NativePlan = {
-    namespaces: [...ns],
-    uidMap: id.uidMap,
-    gidMap: id.gidMap,
-    denySetgroups: id.denySetgroups,
-    hostname,
-    pivot: rootSwitch === 'pivot_root',
-    rootReadOnly: !!opts.readOnlyRoot,
-    ops,
+  return {
     argv: opts.argv,
     env,
     execCandidates: execCandidates(opts.argv[0]!, env),
@@ -358,12 +376,37 @@ export function buildPlan(opts: SpawnOptions): BuiltPlan {
     keepCaps,
     newSession: opts.newSession ?? true,
     dieWithParent: opts.dieWithParent ?? true,
-    rlimits: rlimits(opts),
+    rlimits: rlimits({ rlimits: { ...defaults.rlimits, ...opts.rlimits } } as ProcessOptions),
     stdio: pty
       ? ['pty', 'pty', 'pty']
       : [stdio('stdin', opts.stdin, 'pipe'), stdio('stdout', opts.stdout, 'pipe'), stdio('stderr', opts.stderr, 'pipe')],
     extraFds,
     pty,
   };
-  return { plan, describeOp: (i) => (ops[i] ? describeNativeOp(ops[i]!) : 'setup') };
+}
+
+export function sandboxPlanFields(part: SandboxPart): Pick<NativePlan, 'namespaces' | 'uidMap' | 'gidMap' | 'denySetgroups' | 'hostname' | 'pivot' | 'rootReadOnly' | 'ops'> {
+  return {
+    namespaces: part.namespaces,
+    uidMap: part.identity.uidMap,
+    gidMap: part.identity.gidMap,
+    denySetgroups: part.identity.denySetgroups,
+    hostname: part.hostname,
+    pivot: part.pivot,
+    rootReadOnly: part.readOnlyRoot,
+    ops: part.ops,
+  };
+}
+
+export function describer(ops: NativeOp[]): (index: number) => string {
+  return (i) => (ops[i] ? describeNativeOp(ops[i]!) : 'setup');
+}
+
+/** Validates options and builds the native plan; throws ConfigError. */
+export function buildPlan(opts: SpawnOptions): BuiltPlan {
+  if (typeof opts !== 'object' || opts === null) throw new ConfigError('options must be an object');
+  checkKeys(opts, KNOWN_OPTION_KEYS);
+  const sandbox = buildSandboxPart(opts);
+  const plan: NativePlan = { ...sandboxPlanFields(sandbox), ...buildProcessPart(opts, sandbox) };
+  return { plan, describeOp: describer(plan.ops) };
 }

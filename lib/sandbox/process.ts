@@ -2,20 +2,24 @@
  * A process running in a fresh sandbox: streams, exit, signals, and the
  * timeout/abort plumbing that kills the whole tree.
  */
+import { writeSync } from 'node:fs';
 import { Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import type { Readable, Writable } from 'node:stream';
 import { ReadStream } from 'node:tty';
-import { decodeErrorRecord, native, type ExitWatch, type NativeSpawnResult } from '../native/index.js';
+import { decodeErrorRecord, native, type ExitWatch, type NativePlan, type NativeSpawnResult } from '../native/index.js';
 import { ConfigError, ExecError, MountError, NamespaceError, SetupError, describeErrno } from './errors.js';
 import type { SpawnOptions } from './options.js';
-import { buildPlan, type BuiltPlan } from './plan.js';
+import { buildPlan } from './plan.js';
 
 export interface ExitInfo {
   /** The exit code, or null when the process was killed by a signal. */
   exitCode: number | null;
   signal: NodeJS.Signals | null;
 }
+
+/** Written to a monitor's control pipe: kill the command's whole subtree. */
+const CONTROL_KILL_TREE = 0xff;
 
 const signalNames = new Map<number, NodeJS.Signals>();
 for (const [name, num] of Object.entries(osConstants.signals)) signalNames.set(num, name as NodeJS.Signals);
@@ -48,13 +52,35 @@ function openTerminal(fd: number): Terminal {
   return t;
 }
 
+/** What a process handle needs to know about how it was started. */
+export interface ProcessContext {
+  /** Describes plan op i for error messages. */
+  describeOp(index: number): string;
+  ops: NativePlan['ops'];
+  argv0: string;
+  cwd: string;
+  timeout?: number;
+  signal?: AbortSignal;
+}
+
+/** Calls into the addon, turning its errors into the library's. */
+export function callNative(fn: () => NativeSpawnResult): NativeSpawnResult {
+  try {
+    return fn();
+  } catch (e) {
+    const err = e as Error & { code?: string };
+    if (err instanceof TypeError) throw new ConfigError(err.message);
+    throw new NamespaceError(`cannot create the sandbox: ${err.message}`, err.code);
+  }
+}
+
 /** Turns the child's error record into the typed error it stands for. */
-function setupError(built: BuiltPlan, argv0: string, cwd: string, buf: Buffer): SetupError {
+function setupError(built: ProcessContext, argv0: string, cwd: string, buf: Buffer): SetupError {
   const rec = decodeErrorRecord(buf);
   const why = describeErrno(rec.errno) + (rec.detail ? `: ${rec.detail}` : '');
   if (rec.step.startsWith('op-')) {
     const part = rec.step === 'op-source' ? 'source: ' : rec.step === 'op-target' ? 'target: ' : '';
-    const op = built.plan.ops[rec.op];
+    const op = built.ops[rec.op];
     // overlayfs reports most refusals only to the kernel log, not to us.
     const hint = op?.kind === 'overlay' && rec.step === 'op-mount' && !rec.detail ? ' (overlayfs gives its reason in the kernel log: dmesg)' : '';
     return new MountError(`${built.describeOp(rec.op)}: ${part}${why}${hint}`, rec.step, rec.errno, rec.detail);
@@ -83,23 +109,18 @@ export class SandboxProcess implements AsyncDisposable {
   exitInfo: ExitInfo | null = null;
 
   #terminal: Terminal | null = null;
-  readonly #pidfd: number;
-  readonly #watch: ExitWatch;
+  readonly #pidfd: number | null;
+  /** Exec'd into a running sandbox: signals go through its monitor. */
+  readonly #controlFd: number | null;
+  readonly #watch: ExitWatch | null;
   #timer: NodeJS.Timeout | undefined;
   #abortCleanup: (() => void) | undefined;
 
-  constructor(opts: SpawnOptions) {
-    const built = buildPlan(opts);
-    let res: NativeSpawnResult;
-    try {
-      res = native.spawn(built.plan);
-    } catch (e) {
-      const err = e as Error & { code?: string };
-      if (err instanceof TypeError) throw new ConfigError(err.message);
-      throw new NamespaceError(`cannot create the sandbox: ${err.message}`, err.code);
-    }
-    this.pid = res.pid;
+  /** Use spawn() or Sandbox#spawn(); this wraps what the addon returned. */
+  constructor(res: NativeSpawnResult, ctx: ProcessContext) {
+    this.pid = res.pid ?? -1;
     this.#pidfd = res.pidfd;
+    this.#controlFd = res.controlFd;
     this.stdin = res.stdin !== null ? new Socket({ fd: res.stdin, readable: false, writable: true }) : null;
     this.stdout = res.stdout !== null ? readSocket(res.stdout) : null;
     this.stderr = res.stderr !== null ? readSocket(res.stderr) : null;
@@ -123,7 +144,7 @@ export class SandboxProcess implements AsyncDisposable {
       errSock.on('error', () => {});
       errSock.on('close', () => {
         const buf = Buffer.concat(chunks);
-        if (buf.length >= native.errorRecordSize) reject(setupError(built, opts.argv[0]!, built.plan.cwd, buf));
+        if (buf.length >= native.errorRecordSize) reject(setupError(ctx, ctx.argv0, ctx.cwd, buf));
         else resolve();
       });
     });
@@ -132,11 +153,20 @@ export class SandboxProcess implements AsyncDisposable {
 
     let onExit!: (info: ExitInfo) => void;
     const exit = new Promise<ExitInfo>((resolve) => (onExit = resolve));
-    this.#watch = native.watchExit(res.pidfd, res.statusFd, (code, sig) => {
-      this.exitInfo = { exitCode: code, signal: sig === null ? null : (signalNames.get(sig) ?? null) };
+    const finish = (info: ExitInfo) => {
+      this.exitInfo = info;
       this.#clearTriggers();
-      onExit(this.exitInfo);
-    });
+      onExit(info);
+    };
+    if (res.pidfd !== null) {
+      this.#watch = native.watchExit(res.pidfd, res.statusFd, (code, sig) =>
+        finish({ exitCode: code, signal: sig === null ? null : (signalNames.get(sig) ?? null) }),
+      );
+    } else {
+      // Nothing was started: the error record tells why.
+      this.#watch = null;
+      finish({ exitCode: 127, signal: null });
+    }
     this.exited = this.ready.then(
       () => exit,
       async (err) => {
@@ -146,14 +176,14 @@ export class SandboxProcess implements AsyncDisposable {
     );
     this.exited.catch(() => {});
 
-    if (opts.timeout !== undefined) {
+    if (ctx.timeout !== undefined) {
       this.#timer = setTimeout(() => {
         this.timedOut = true;
         this.killTree();
-      }, opts.timeout);
+      }, ctx.timeout);
     }
-    if (opts.signal) {
-      const signal = opts.signal;
+    if (ctx.signal) {
+      const signal = ctx.signal;
       const onAbort = () => {
         this.isCanceled = true;
         this.killTree();
@@ -184,23 +214,38 @@ export class SandboxProcess implements AsyncDisposable {
    * Returns false when the sandbox has already exited.
    */
   kill(signal: NodeJS.Signals | number = 'SIGTERM'): boolean {
-    if (this.exitInfo) return false;
-    return native.signal(this.#pidfd, signalNumber(signal));
+    if (this.exitInfo || this.#pidfd === null) return false;
+    const signo = signalNumber(signal);
+    if (this.#controlFd !== null) return this.#control(signo === osConstants.signals.SIGKILL ? CONTROL_KILL_TREE : signo);
+    return native.signal(this.#pidfd, signo);
   }
 
-  /** SIGKILL to PID 1: the kernel then kills every process in the sandbox. */
+  /**
+   * Kills the process and every process it started. In a fresh sandbox that
+   * is SIGKILL to its PID 1 (the kernel does the rest); in a running sandbox
+   * the command's monitor stops and kills its whole subtree, and only that.
+   */
   killTree(): boolean {
     return this.kill('SIGKILL');
   }
 
+  #control(byte: number): boolean {
+    try {
+      writeSync(this.#controlFd!, Buffer.from([byte]));
+      return true;
+    } catch {
+      return false; // the monitor is gone
+    }
+  }
+
   /** Let Node exit while this sandbox still runs (it dies with Node). */
   unref(): void {
-    this.#watch.unref();
+    this.#watch?.unref();
     for (const s of [this.stdout, this.stderr, this.terminal] as const) (s as Socket | null)?.unref();
   }
 
   ref(): void {
-    this.#watch.ref();
+    this.#watch?.ref();
     for (const s of [this.stdout, this.stderr, this.terminal] as const) (s as Socket | null)?.ref();
   }
 
@@ -212,5 +257,14 @@ export class SandboxProcess implements AsyncDisposable {
 
 /** Starts a command in a new sandbox. Throws ConfigError on bad options. */
 export function spawn(opts: SpawnOptions): SandboxProcess {
-  return new SandboxProcess(opts);
+  const built = buildPlan(opts);
+  const res = callNative(() => native.spawn(built.plan));
+  return new SandboxProcess(res, {
+    describeOp: built.describeOp,
+    ops: built.plan.ops,
+    argv0: built.plan.argv[0]!,
+    cwd: built.plan.cwd,
+    timeout: opts.timeout,
+    signal: opts.signal,
+  });
 }
