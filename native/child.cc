@@ -824,6 +824,24 @@ int CollectDescendants(int root, int* out) {
   return found;
 }
 
+// The command a monitor runs, and its wait status once reaped.
+pid_t g_main_pid = -1;
+bool g_main_done = false;
+int32_t g_main_status = 0;
+
+// Reaps every exited child without blocking, remembering the command's status.
+void ReapChildren() {
+  for (;;) {
+    int st = 0;
+    pid_t p = waitpid(-1, &st, WNOHANG);
+    if (p <= 0) return;
+    if (p == g_main_pid) {
+      g_main_done = true;
+      g_main_status = st;
+    }
+  }
+}
+
 // Stops then kills every descendant, again and again until none is left: a
 // stopped process cannot fork, and orphans of killed ones come back to us
 // (we are their subreaper) for the next round.
@@ -835,15 +853,13 @@ void KillTree() {
     if (n == 0) return;
     for (int i = 0; i < n; i++) kill(victims[i], SIGSTOP);
     for (int i = 0; i < n; i++) kill(victims[i], SIGKILL);
-    int st;
-    while (waitpid(-1, &st, WNOHANG) > 0) {
-    }
+    ReapChildren();
   }
 }
 
 // The monitor of a command run in an existing sandbox: reaps it, reports
 // its status, forwards signals, and kills its whole subtree on request.
-[[noreturn]] void RunMonitor(pid_t main_pid, int status_fd, int control_fd) {
+[[noreturn]] void RunMonitor(int status_fd, int control_fd) {
   prctl(PR_SET_NAME, "msbx-exec", 0, 0, 0);
   sigset_t chld;
   sigemptyset(&chld);
@@ -852,6 +868,11 @@ void KillTree() {
   if (sfd < 0) _exit(127);
   struct pollfd pfd[2] = {{sfd, POLLIN, 0}, {control_fd, POLLIN, 0}};
   for (;;) {
+    if (g_main_done) {
+      ssize_t unused = write(status_fd, &g_main_status, sizeof g_main_status);
+      (void)unused;
+      _exit(0);
+    }
     int n = poll(pfd, control_fd >= 0 ? 2 : 1, -1);
     if (n < 0) continue;
     if (control_fd >= 0 && (pfd[1].revents & (POLLIN | POLLHUP))) {
@@ -861,24 +882,14 @@ void KillTree() {
         control_fd = -1;  // the parent closed it: nothing more will come
       } else if (cmd == kControlKillTree) {
         KillTree();
-      } else {
-        kill(main_pid, cmd);
+      } else if (!g_main_done) {
+        kill(g_main_pid, cmd);
       }
     }
     struct signalfd_siginfo si;
     while (read(sfd, &si, sizeof si) == sizeof si) {
     }
-    for (;;) {
-      int st = 0;
-      pid_t p = waitpid(-1, &st, WNOHANG);
-      if (p <= 0) break;
-      if (p == main_pid) {
-        int32_t status = st;
-        ssize_t unused = write(status_fd, &status, sizeof status);
-        (void)unused;
-        _exit(0);
-      }
-    }
+    ReapChildren();
   }
 }
 
@@ -920,11 +931,12 @@ void KillTree() {
   pid_t main_pid = static_cast<pid_t>(syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0));
   if (main_pid < 0) Fail(Step::Monitor);
   if (main_pid == 0) ExecMain(plan, fds);
+  g_main_pid = main_pid;
   int status_fd = fcntl(fds.status_write, F_DUPFD_CLOEXEC, kHighFd);
   int control_fd = fcntl(fds.control_read, F_DUPFD_CLOEXEC, kHighFd + 1);
   sys::close_range(0, kHighFd - 1, 0);
   sys::close_range(static_cast<unsigned>(control_fd) + 1, ~0u, 0);
-  RunMonitor(main_pid, status_fd, control_fd);
+  RunMonitor(status_fd, control_fd);
 }
 
 [[noreturn]] void RunChild(const Plan& plan, const ChildFds& fds) {

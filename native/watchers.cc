@@ -11,16 +11,61 @@
 namespace msbx {
 namespace {
 
+// Calls back into JavaScript from a libuv callback, with raw N-API only:
+// at environment teardown JavaScript can no longer run, and the wrappers
+// would turn the failing calls into a fatal error. Here they just do nothing.
+// Takes (and releases) the reference to the callback.
+struct Arg {
+  enum Kind { Null, Number, Bool } kind;
+  double value;
+};
+
+void CallBack(napi_env env, napi_ref& cb_ref, std::initializer_list<Arg> args) {
+  napi_ref ref = cb_ref;
+  cb_ref = nullptr;
+  if (!ref) return;
+  napi_handle_scope scope;
+  if (napi_open_handle_scope(env, &scope) != napi_ok) return;
+  napi_value cb, global, argv[4], result;
+  size_t argc = 0;
+  bool ok = napi_get_reference_value(env, ref, &cb) == napi_ok && cb && napi_get_global(env, &global) == napi_ok;
+  for (const Arg& a : args) {
+    if (!ok || argc >= 4) break;
+    if (a.kind == Arg::Null) ok = napi_get_null(env, &argv[argc]) == napi_ok;
+    else if (a.kind == Arg::Bool) ok = napi_get_boolean(env, a.value != 0, &argv[argc]) == napi_ok;
+    else ok = napi_create_double(env, a.value, &argv[argc]) == napi_ok;
+    argc++;
+  }
+  if (ok) {
+    napi_make_callback(env, nullptr, global, cb, argc, argv, &result);
+    bool pending = false;
+    if (napi_is_exception_pending(env, &pending) == napi_ok && pending) {
+      napi_value ex;
+      napi_get_and_clear_last_exception(env, &ex);
+      napi_fatal_exception(env, ex);  // thrown by the callback: surfaces as uncaught
+    }
+  }
+  napi_delete_reference(env, ref);
+  napi_close_handle_scope(env, scope);
+}
+
 struct Watch {
   uv_poll_t poll;
   int pidfd;
   int status_fd;  // PID 1's report of the main process's status, or -1
-  Napi::FunctionReference callback;
-  Napi::ObjectReference owner;
+  napi_env env;
+  napi_ref callback = nullptr;
   bool done = false;
+  // Owned by the closed uv handle and by the JavaScript object's External:
+  // freed when both let go, so ref()/unref() after exit stay safe.
+  int owners = 2;
 };
 
-void OnClosed(uv_handle_t* h) { delete static_cast<Watch*>(h->data); }
+void Release(Watch* w) {
+  if (--w->owners == 0) delete w;
+}
+
+void OnClosed(uv_handle_t* h) { Release(static_cast<Watch*>(h->data)); }
 
 void Finish(Watch* w, const siginfo_t& si) {
   w->done = true;
@@ -45,16 +90,13 @@ void Finish(Watch* w, const siginfo_t& si) {
   close(w->pidfd);
   w->pidfd = -1;
 
-  Napi::Env env = w->callback.Env();
-  Napi::HandleScope scope(env);
-  Napi::Value code_v = code >= 0 ? Napi::Number::New(env, code) : env.Null();
-  Napi::Value sig_v = sig ? Napi::Number::New(env, sig) : env.Null();
-  Napi::Function cb = w->callback.Value();
-  w->callback.Reset();
-  if (!w->owner.IsEmpty()) w->owner.Value().Set("_watch", env.Null());
-  w->owner.Reset();
+  napi_env env = w->env;
+  napi_ref callback = w->callback;
+  w->callback = nullptr;
   uv_close(reinterpret_cast<uv_handle_t*>(&w->poll), OnClosed);
-  cb.MakeCallback(env.Global(), {code_v, sig_v, Napi::Boolean::New(env, from_init)}, nullptr);
+  Arg code_a = code >= 0 ? Arg{Arg::Number, static_cast<double>(code)} : Arg{Arg::Null, 0};
+  Arg sig_a = sig ? Arg{Arg::Number, static_cast<double>(sig)} : Arg{Arg::Null, 0};
+  CallBack(env, callback, {code_a, sig_a, Arg{Arg::Bool, from_init ? 1.0 : 0.0}});
 }
 
 void OnReadable(uv_poll_t* handle, int status, int) {
@@ -95,34 +137,37 @@ Napi::Value WatchExit(const Napi::CallbackInfo& info) {
   Watch* w = new Watch();
   w->pidfd = info[0].As<Napi::Number>().Int32Value();
   w->status_fd = info[1].As<Napi::Number>().Int32Value();
-  w->callback = Napi::Persistent(info[2].As<Napi::Function>());
+  w->env = env;
+  napi_create_reference(env, info[2], 1, &w->callback);
   w->poll.data = w;
   uv_loop_t* loop = nullptr;
   napi_get_uv_event_loop(env, &loop);
   int rc = uv_poll_init(loop, &w->poll, w->pidfd);
   if (rc == 0) rc = uv_poll_start(&w->poll, UV_READABLE, OnReadable);
   if (rc != 0) {
+    napi_delete_reference(env, w->callback);
     delete w;
     Napi::Error::New(env, std::string("watching the sandbox's pidfd: ") + uv_strerror(rc))
         .ThrowAsJavaScriptException();
     return env.Undefined();
   }
   Napi::Object self = Napi::Object::New(env);
-  self.Set("_watch", Napi::External<Watch>::New(env, w));
+  self.Set("_watch", Napi::External<Watch>::New(env, w, [](Napi::Env, Watch* data) { Release(data); }));
   self.Set("ref", Napi::Function::New(env, Ref, "ref"));
   self.Set("unref", Napi::Function::New(env, Unref, "unref"));
-  w->owner = Napi::Persistent(self);
   return self;
 }
 
 // The loop stays alive while a sandbox runs, as with child_process; unref()
 // lets a long-lived sandbox not hold the process open.
 Napi::Value Ref(const Napi::CallbackInfo& info) {
-  if (Watch* w = Get(info)) uv_ref(reinterpret_cast<uv_handle_t*>(&w->poll));
+  Watch* w = Get(info);
+  if (w && !w->done) uv_ref(reinterpret_cast<uv_handle_t*>(&w->poll));
   return info.Env().Undefined();
 }
 Napi::Value Unref(const Napi::CallbackInfo& info) {
-  if (Watch* w = Get(info)) uv_unref(reinterpret_cast<uv_handle_t*>(&w->poll));
+  Watch* w = Get(info);
+  if (w && !w->done) uv_unref(reinterpret_cast<uv_handle_t*>(&w->poll));
   return info.Env().Undefined();
 }
 
@@ -135,7 +180,8 @@ namespace {
 struct Receive {
   uv_poll_t poll;
   int sock;
-  Napi::FunctionReference callback;
+  napi_env env;
+  napi_ref callback = nullptr;
 };
 
 void OnReceiveClosed(uv_handle_t* h) {
@@ -168,12 +214,13 @@ void OnSocketReadable(uv_poll_t* handle, int status, int) {
     else err = n < 0 ? errno : EPIPE;  // EOF: setup failed before the terminal existed
   }
   uv_poll_stop(&r->poll);
-  Napi::Env env = r->callback.Env();
-  Napi::HandleScope scope(env);
-  Napi::Function cb = r->callback.Value();
-  r->callback.Reset();
+  napi_env env = r->env;
+  napi_ref callback = r->callback;
+  r->callback = nullptr;
   uv_close(reinterpret_cast<uv_handle_t*>(&r->poll), OnReceiveClosed);
-  cb.MakeCallback(env.Global(), {err ? Napi::Number::New(env, err) : env.Null(), fd >= 0 ? Napi::Number::New(env, fd) : env.Null()}, nullptr);
+  Arg err_a = err ? Arg{Arg::Number, static_cast<double>(err)} : Arg{Arg::Null, 0};
+  Arg fd_a = fd >= 0 ? Arg{Arg::Number, static_cast<double>(fd)} : Arg{Arg::Null, 0};
+  CallBack(env, callback, {err_a, fd_a});
 }
 
 // receiveFd(socketFd, callback(errno | null, fd | null)); takes ownership of socketFd.
@@ -185,13 +232,15 @@ Napi::Value ReceiveFd(const Napi::CallbackInfo& info) {
   }
   Receive* r = new Receive();
   r->sock = info[0].As<Napi::Number>().Int32Value();
-  r->callback = Napi::Persistent(info[1].As<Napi::Function>());
+  r->env = env;
+  napi_create_reference(env, info[1], 1, &r->callback);
   r->poll.data = r;
   uv_loop_t* loop = nullptr;
   napi_get_uv_event_loop(env, &loop);
   int rc = uv_poll_init(loop, &r->poll, r->sock);
   if (rc == 0) rc = uv_poll_start(&r->poll, UV_READABLE | UV_DISCONNECT, OnSocketReadable);
   if (rc != 0) {
+    napi_delete_reference(env, r->callback);
     delete r;
     Napi::Error::New(env, std::string("watching the terminal socket: ") + uv_strerror(rc)).ThrowAsJavaScriptException();
   }

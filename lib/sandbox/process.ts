@@ -196,6 +196,11 @@ export class SandboxProcess implements AsyncDisposable {
     }
   }
 
+  /** The process's pidfd (PID 1's, for a new sandbox) while it runs; null once it has exited. */
+  get pidfd(): number | null {
+    return this.exitInfo ? null : this.#pidfd;
+  }
+
   /** The pseudo-terminal's master (with `pty`), available once `ready` resolves. */
   get terminal(): Terminal | null {
     return this.#terminal;

@@ -4,7 +4,7 @@
  */
 import type { Readable } from 'node:stream';
 import type { RunOptions } from './options.js';
-import { spawn } from './process.js';
+import { spawn, type SandboxProcess } from './process.js';
 
 export interface RunResult<T extends string | Buffer = string> {
   stdout: T;
@@ -21,6 +21,9 @@ export interface RunResult<T extends string | Buffer = string> {
 }
 
 export const DEFAULT_MAX_BUFFER = 100 * 1024 * 1024;
+
+/** How long output may still arrive after the command itself has exited. */
+const AFTER_EXIT_GRACE_MS = 50;
 
 function collect(stream: Readable | null, max: number, onOverflow: () => void): Promise<Buffer> {
   if (!stream) return Promise.resolve(Buffer.alloc(0));
@@ -45,12 +48,16 @@ function collect(stream: Readable | null, max: number, onOverflow: () => void): 
   });
 }
 
-export async function run(opts: RunOptions & { encoding: 'buffer' }): Promise<RunResult<Buffer>>;
-export async function run(opts: RunOptions): Promise<RunResult<string>>;
-export async function run(opts: RunOptions): Promise<RunResult<string | Buffer>> {
-  const { input, maxBuffer = DEFAULT_MAX_BUFFER, encoding = 'utf8', ...spawnOpts } = opts;
-  const started = performance.now();
-  const proc = spawn({ ...spawnOpts, stdin: input !== undefined ? 'pipe' : (spawnOpts.stdin ?? 'ignore') });
+export interface CollectOptions {
+  input?: string | Buffer;
+  maxBuffer?: number;
+  encoding?: 'utf8' | 'buffer';
+  started: number;
+}
+
+/** Feeds input to a started process and gathers its result. */
+export async function collectResult(proc: SandboxProcess, opts: CollectOptions): Promise<RunResult<string | Buffer>> {
+  const { input, maxBuffer = DEFAULT_MAX_BUFFER, encoding = 'utf8' } = opts;
   let isMaxBuffer = false;
   const overflow = () => {
     isMaxBuffer = true;
@@ -62,7 +69,16 @@ export async function run(opts: RunOptions): Promise<RunResult<string | Buffer>>
     else proc.stdin.end();
   }
   const exit = await proc.exited;
-  const [stdout, stderr] = await Promise.all([out, err]);
+  // A background process the command left running (possible in a persistent
+  // sandbox) may hold the pipes open forever: once the command has exited,
+  // take what is buffered and stop waiting for EOF.
+  const streams = Promise.all([out, err]);
+  const settled = await Promise.race([streams.then(() => true), new Promise<false>((r) => setTimeout(r, AFTER_EXIT_GRACE_MS, false))]);
+  if (!settled) {
+    proc.stdout?.destroy();
+    proc.stderr?.destroy();
+  }
+  const [stdout, stderr] = await streams;
   const decode = (b: Buffer) => (encoding === 'buffer' ? b : b.toString('utf8'));
   return {
     stdout: decode(stdout),
@@ -73,6 +89,15 @@ export async function run(opts: RunOptions): Promise<RunResult<string | Buffer>>
     isCanceled: proc.isCanceled,
     isMaxBuffer,
     failed: exit.exitCode !== 0,
-    durationMs: performance.now() - started,
+    durationMs: performance.now() - opts.started,
   };
+}
+
+export async function run(opts: RunOptions & { encoding: 'buffer' }): Promise<RunResult<Buffer>>;
+export async function run(opts: RunOptions): Promise<RunResult<string>>;
+export async function run(opts: RunOptions): Promise<RunResult<string | Buffer>> {
+  const { input, maxBuffer, encoding, ...spawnOpts } = opts;
+  const started = performance.now();
+  const proc = spawn({ ...spawnOpts, stdin: input !== undefined ? 'pipe' : (spawnOpts.stdin ?? 'ignore') });
+  return collectResult(proc, { input, maxBuffer, encoding, started });
 }

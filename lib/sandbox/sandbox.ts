@@ -1,0 +1,371 @@
+/**
+ * A persistent sandbox: created once, many commands, shells and file
+ * operations, then closed. Its PID 1 holds the namespaces; every command
+ * joins them (native enter) under a monitor that can kill the command's
+ * whole subtree and nothing else.
+ */
+import { spawn as hostSpawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join, posix } from 'node:path';
+import { extractArchive } from '../layers/extract.js';
+import { native, type NativeOp, type NativePlan } from '../native/index.js';
+import { ShellSession, type PtyChannel } from '../shell/index.js';
+import { ConfigError, SandboxError } from './errors.js';
+import { SandboxLimits, type Limits, type LimitReport } from './limits.js';
+import type { ProcessOptions, SandboxOptions } from './options.js';
+import {
+  KNOWN_OPTION_KEYS,
+  PROCESS_OPTION_KEYS,
+  buildProcessPart,
+  buildSandboxPart,
+  checkSandboxPath,
+  describer,
+  sandboxPlanFields,
+  type SandboxPart,
+} from './plan.js';
+import { WORK_DIR } from './policy.js';
+import { SandboxProcess, callNative } from './process.js';
+import { collectResult, type RunResult } from './run.js';
+import { collectGarbage, createPrivateDir, defaultStateDir, ensureStateDir, newSandboxId, removeTree } from './state.js';
+
+export interface SandboxCreateOptions extends SandboxOptions {
+  /** Where private directories live (default $XDG_RUNTIME_DIR/minisandbox or /tmp/minisandbox-UID). */
+  stateDir?: string;
+  limits?: Limits;
+  /** Variables every command of this sandbox starts with. */
+  env?: Record<string, string>;
+  /** Extra mount-plan ops placed before `mounts` (used by environment layers). */
+  extraOps?: NativeOp[];
+  /** Where commands start; default /work. */
+  cwd?: string;
+}
+
+export type Command = string | string[];
+
+export interface ExecOptions extends Omit<ProcessOptions, 'argv' | 'pty'> {
+  input?: string | Buffer;
+  maxBuffer?: number;
+  encoding?: 'utf8' | 'buffer';
+}
+
+export interface ExecResult<T extends string | Buffer = string> extends RunResult<T> {
+  /** The sandbox's memory limit killed a process during the command. */
+  oomKilled: boolean;
+  /** A fork was refused at the sandbox's process limit during the command. */
+  pidsLimited: boolean;
+}
+
+export interface ShellOptions {
+  /** Files sourced at start, as SWE-ReX's startup_source. */
+  startupSource?: string[];
+  startupTimeoutMs?: number;
+  env?: Record<string, string>;
+  cwd?: string;
+  /** Most bytes of one command's output kept (the middle is cut). */
+  maxOutputBytes?: number;
+  cols?: number;
+  rows?: number;
+}
+
+/** What file operations may touch regardless of the sandboxed files' modes. */
+const FILE_CAPS = ['CAP_DAC_OVERRIDE', 'CAP_DAC_READ_SEARCH', 'CAP_FOWNER', 'CAP_CHOWN'];
+
+const collectedStateDirs = new Set<string>();
+
+/** `sh -c` for a string, the argv itself for an array. */
+function argvOf(cmd: Command): string[] {
+  if (typeof cmd === 'string') return ['/bin/sh', '-c', cmd];
+  if (!Array.isArray(cmd) || cmd.length === 0) throw new ConfigError('command: must be a string or a non-empty argv array', 'command');
+  return cmd;
+}
+
+function checkProcessKeys(opts: object): void {
+  for (const key of Object.keys(opts)) {
+    if (!PROCESS_OPTION_KEYS.has(key)) throw new ConfigError(`${key}: unknown option`, key);
+  }
+}
+
+export class Sandbox implements AsyncDisposable {
+  readonly id: string;
+  /** The sandbox's own directory on the host; removed by close(). */
+  readonly privateDir: string;
+  readonly hostname: string;
+  readonly limits: LimitReport;
+  readonly #init: SandboxProcess;
+  readonly #part: SandboxPart;
+  readonly #limits: SandboxLimits;
+  readonly #env: Record<string, string>;
+  readonly #cwd: string;
+  readonly #sessions = new Map<string, ShellSession>();
+  readonly #running = new Set<SandboxProcess>();
+  #closing: Promise<void> | null = null;
+
+  private constructor(args: {
+    id: string;
+    privateDir: string;
+    init: SandboxProcess;
+    part: SandboxPart;
+    limits: SandboxLimits;
+    env: Record<string, string>;
+    cwd: string;
+  }) {
+    this.id = args.id;
+    this.privateDir = args.privateDir;
+    this.#init = args.init;
+    this.#part = args.part;
+    this.hostname = args.part.hostname;
+    this.#limits = args.limits;
+    this.limits = args.limits.report;
+    this.#env = args.env;
+    this.#cwd = args.cwd;
+  }
+
+  /** Starts a sandbox; resolves once its namespaces and root are ready. */
+  static async create(opts: SandboxCreateOptions = {}): Promise<Sandbox> {
+    const { stateDir: stateDirOpt, limits: limitOpts, env = {}, extraOps = [], cwd, ...sandboxOpts } = opts;
+    for (const key of Object.keys(sandboxOpts)) {
+      if (!KNOWN_OPTION_KEYS.has(key) || PROCESS_OPTION_KEYS.has(key)) throw new ConfigError(`${key}: unknown option for Sandbox.create`, key);
+    }
+    const stateDir = stateDirOpt ?? defaultStateDir();
+    ensureStateDir(stateDir);
+    // Leftovers of owners that died (even by SIGKILL) go at the next start.
+    if (!collectedStateDirs.has(stateDir)) {
+      collectedStateDirs.add(stateDir);
+      collectGarbage(stateDir);
+    }
+    const id = newSandboxId();
+    const privateDir = createPrivateDir(stateDir, id);
+    let limits: SandboxLimits | undefined;
+    try {
+      const work = join(privateDir, 'work');
+      mkdirSync(work);
+      const part = buildSandboxPart({ ...sandboxOpts, workDir: sandboxOpts.workDir ?? work, hostname: sandboxOpts.hostname ?? id }, extraOps);
+      if (!part.namespaces.includes('pid')) throw new ConfigError('namespaces.pid: a persistent sandbox needs its PID namespace', 'namespaces.pid');
+      const startCwd = checkSandboxPath('cwd', cwd ?? (part.root === 'host' ? WORK_DIR : '/'));
+      limits = new SandboxLimits(id, limitOpts);
+      const plan: NativePlan = {
+        ...sandboxPlanFields(part),
+        hold: true,
+        cgroupProcs: limits.procsFiles,
+        argv: [],
+        env: [],
+        execCandidates: [],
+        cwd: '/',
+        stdio: ['null', 'null', 'null'],
+      };
+      const res = callNative(() => native.spawn(plan));
+      const init = new SandboxProcess(res, { describeOp: describer(plan.ops), ops: plan.ops, argv0: 'msbx-init', cwd: '/' });
+      // The sandbox must not keep Node alive by itself: it dies with Node.
+      init.unref();
+      await init.ready;
+      return new Sandbox({ id, privateDir, init, part, limits, env, cwd: startCwd });
+    } catch (e) {
+      await limits?.remove().catch(() => {});
+      removeTree(privateDir);
+      throw e;
+    }
+  }
+
+  /** Host pid of the sandbox's PID 1. */
+  get pid(): number {
+    return this.#init.pid;
+  }
+
+  get closed(): boolean {
+    return this.#closing !== null || this.#init.exitInfo !== null;
+  }
+
+  /** Starts a command in the sandbox (a string runs with /bin/sh -c). */
+  spawn(cmd: Command, opts: Omit<ProcessOptions, 'argv'> = {}): SandboxProcess {
+    if (this.closed) throw new SandboxError(`sandbox ${this.id} is closed`);
+    checkProcessKeys(opts);
+    const proc = this.#spawnProcess({ ...opts, argv: argvOf(cmd) });
+    this.#running.add(proc);
+    void proc.exited.catch(() => {}).finally(() => this.#running.delete(proc));
+    return proc;
+  }
+
+  #spawnProcess(opts: ProcessOptions): SandboxProcess {
+    const processPart = buildProcessPart({ cwd: this.#cwd, ...opts }, this.#part, { env: this.#env, rlimits: this.#limits.rlimits });
+    const plan: NativePlan = { namespaces: this.#part.namespaces, ops: [], cgroupProcs: this.#limits.procsFiles, ...processPart };
+    const pidfd = this.#init.pidfd;
+    if (pidfd === null) throw new SandboxError(`sandbox ${this.id} has exited`);
+    const res = callNative(() => native.enter(pidfd, plan));
+    return new SandboxProcess(res, { describeOp: describer([]), ops: [], argv0: plan.argv[0]!, cwd: plan.cwd, timeout: opts.timeout, signal: opts.signal });
+  }
+
+  /** Runs a command to completion; the result says if a limit stopped it. */
+  async exec(cmd: Command, opts: ExecOptions & { encoding: 'buffer' }): Promise<ExecResult<Buffer>>;
+  async exec(cmd: Command, opts?: ExecOptions): Promise<ExecResult<string>>;
+  async exec(cmd: Command, opts: ExecOptions = {}): Promise<ExecResult<string | Buffer>> {
+    const { input, maxBuffer, encoding, ...procOpts } = opts;
+    const started = performance.now();
+    const oomBefore = this.#limits.oomKills();
+    const pidsBefore = this.#limits.pidsLimitHits();
+    const proc = this.spawn(cmd, { ...procOpts, stdin: input !== undefined ? 'pipe' : (procOpts.stdin ?? 'ignore') });
+    const result = await collectResult(proc, { input, maxBuffer, encoding, started });
+    return { ...result, oomKilled: this.#limits.oomKills() > oomBefore, pidsLimited: this.#limits.pidsLimitHits() > pidsBefore };
+  }
+
+  /**
+   * Opens a bash session on a new terminal, with SWE-ReX's semantics. A
+   * name makes it retrievable with session(name) and unique in this sandbox.
+   */
+  async shell(opts: ShellOptions & { name?: string } = {}): Promise<ShellSession> {
+    const name = opts.name;
+    if (name !== undefined && this.#sessions.has(name)) throw new SandboxError(`session '${name}' already exists in sandbox ${this.id}`);
+    const proc = this.spawn(['/bin/bash'], {
+      pty: { cols: opts.cols ?? 80, rows: opts.rows ?? 24 },
+      cwd: opts.cwd,
+      env: opts.env,
+    });
+    await proc.ready;
+    const session = await ShellSession.start(ptyChannel(proc), {
+      startupSource: opts.startupSource,
+      startupTimeoutMs: opts.startupTimeoutMs,
+      maxOutputBytes: opts.maxOutputBytes,
+    });
+    if (name !== undefined) {
+      this.#sessions.set(name, session);
+      void proc.exited.catch(() => {}).finally(() => {
+        if (this.#sessions.get(name) === session) this.#sessions.delete(name);
+      });
+    }
+    return session;
+  }
+
+  /** A named session opened by shell({ name }), if it is still open. */
+  session(name: string): ShellSession | undefined {
+    return this.#sessions.get(name);
+  }
+
+  /** Closes and forgets a named session. */
+  async closeSession(name: string): Promise<boolean> {
+    const s = this.#sessions.get(name);
+    if (!s) return false;
+    this.#sessions.delete(name);
+    await s.close();
+    return true;
+  }
+
+  get sessionNames(): string[] {
+    return [...this.#sessions.keys()];
+  }
+
+  // File operations run as a process of the sandbox, so a path resolves
+  // exactly as the sandbox sees it: a symlink planted inside can only lead
+  // to somewhere the sandbox can already see.
+
+  async readFile(path: string): Promise<Buffer>;
+  async readFile(path: string, encoding: BufferEncoding): Promise<string>;
+  async readFile(path: string, encoding?: BufferEncoding): Promise<Buffer | string> {
+    const p = this.#path(path);
+    const r = await this.exec(['cat', '--', p], { encoding: 'buffer', capabilities: FILE_CAPS });
+    if (r.exitCode !== 0) throw new SandboxError(`readFile ${p}: ${r.stderr.toString().replace(/^cat: [^:]*: /, '').trim() || `exit ${r.exitCode}`}`);
+    return encoding ? r.stdout.toString(encoding) : r.stdout;
+  }
+
+  async writeFile(path: string, data: string | Buffer, opts: { mode?: number } = {}): Promise<void> {
+    const p = this.#path(path);
+    const mode = opts.mode !== undefined ? `chmod ${opts.mode.toString(8)} "$1" && ` : '';
+    const r = await this.exec(['/bin/sh', '-c', `mkdir -p "$(dirname "$1")" && cat > "$1" && ${mode}true`, 'sh', p], {
+      input: data,
+      capabilities: FILE_CAPS,
+    });
+    if (r.exitCode !== 0) throw new SandboxError(`writeFile ${p}: ${r.stderr.trim().replace(/^\/bin\/sh: \d+: /, '') || `exit ${r.exitCode}`}`);
+  }
+
+  /** Copies a host file or directory to `path` in the sandbox. */
+  async upload(hostPath: string, path: string): Promise<void> {
+    const p = this.#path(path);
+    const st = statSync(hostPath);
+    if (!st.isDirectory()) {
+      await this.writeFile(p, readFileSync(hostPath), { mode: st.mode & 0o777 });
+      return;
+    }
+    const tar = hostSpawn('tar', ['-C', hostPath, '-cf', '-', '.'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const proc = this.spawn(['/bin/sh', '-c', 'mkdir -p "$1" && exec tar -C "$1" --no-same-owner -xf -', 'sh', p], {
+      stdin: 'pipe',
+      capabilities: FILE_CAPS,
+    });
+    tar.stdout.pipe(proc.stdin!);
+    const result = await collectResult(proc, { started: performance.now() });
+    if (result.exitCode !== 0) throw new SandboxError(`upload ${hostPath} -> ${p}: ${String(result.stderr).trim()}`);
+  }
+
+  /** Copies a file or directory at `path` in the sandbox to the host. */
+  async download(path: string, hostPath: string): Promise<void> {
+    const p = this.#path(path);
+    const kind = await this.exec(['/bin/sh', '-c', 'if [ -d "$1" ]; then echo dir; elif [ -e "$1" ]; then echo file; fi', 'sh', p], { capabilities: FILE_CAPS });
+    if (kind.stdout.trim() === 'file') {
+      mkdirSync(dirname(hostPath), { recursive: true });
+      writeFileSync(hostPath, await this.readFile(p));
+      return;
+    }
+    if (kind.stdout.trim() !== 'dir') throw new SandboxError(`download ${p}: no such file or directory in sandbox ${this.id}`);
+    // The archive comes from sandboxed code: it goes through the layer
+    // extractor, which refuses members that would land outside hostPath.
+    const tmp = mkdtempSync(join(tmpdir(), 'msbx-download-'));
+    try {
+      const archive = join(tmp, 'tree.tar');
+      const r = await this.exec(['tar', '-C', p, '-cf', '-', '.'], { encoding: 'buffer', capabilities: FILE_CAPS, maxBuffer: 4 * 1024 ** 3 });
+      if (r.exitCode !== 0) throw new SandboxError(`download ${p}: ${r.stderr.toString().trim()}`);
+      writeFileSync(archive, r.stdout);
+      mkdirSync(hostPath, { recursive: true });
+      await extractArchive(archive, hostPath, { compression: 'none' });
+    } finally {
+      rmSync(tmp, { recursive: true, force: true });
+    }
+  }
+
+  #path(path: string): string {
+    if (typeof path !== 'string' || path.length === 0 || path.includes('\0')) throw new ConfigError('path: must be a non-empty string', 'path');
+    return posix.isAbsolute(path) ? path : posix.join(this.#cwd, path);
+  }
+
+  /**
+   * Ends every process in the sandbox, releases its mounts (they live only
+   * in its namespaces) and cgroups, and removes its private directory.
+   * Nothing else is touched. Idempotent.
+   */
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      for (const s of this.#sessions.values()) s.close().catch(() => {});
+      this.#sessions.clear();
+      this.#init.ref(); // keep Node alive until the sandbox is really gone
+      this.#init.killTree();
+      await this.#init.exited.catch(() => {});
+      await Promise.all([...this.#running].map((p) => p.exited.catch(() => {})));
+      await this.#limits.remove();
+      removeTree(this.privateDir);
+    })();
+    return this.#closing;
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+}
+
+/** The terminal of a sandboxed process as the shell session's channel. */
+function ptyChannel(proc: SandboxProcess): PtyChannel {
+  const term = proc.terminal!;
+  return {
+    write: (data) => term.write(data),
+    onData: (listener) => {
+      term.on('data', listener);
+      return () => term.off('data', listener);
+    },
+    onExit: (listener) => {
+      void proc.exited.then(
+        (info) => listener({ exitCode: info.exitCode, signal: info.signal }),
+        () => listener({ exitCode: null, signal: null }),
+      );
+    },
+    kill: (signal) => {
+      proc.kill(signal ?? 'SIGHUP');
+    },
+    resize: (cols, rows) => term.resize(cols, rows),
+  };
+}

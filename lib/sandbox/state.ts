@@ -1,0 +1,154 @@
+/**
+ * Private directories of persistent sandboxes, their ownership records, and
+ * garbage collection of those left behind by a process that died.
+ *
+ * Removal never follows a symlink and never crosses into another
+ * filesystem: whatever a sandbox planted in its directory, only that
+ * directory is deleted.
+ */
+import { randomBytes } from 'node:crypto';
+import {
+  chmodSync,
+  lstatSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  rmdirSync,
+  unlinkSync,
+  writeFileSync,
+} from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ConfigError } from './errors.js';
+
+const OWNER_FILE = 'owner.json';
+
+export interface OwnerRecord {
+  id: string;
+  pid: number;
+  /** The owner's start time in clock ticks (/proc/<pid>/stat field 22): a reused pid differs. */
+  startTime: string;
+  created: string;
+}
+
+/** Where private directories live: $XDG_RUNTIME_DIR/minisandbox, else a per-user dir in tmpdir. */
+export function defaultStateDir(): string {
+  const runtime = process.env.XDG_RUNTIME_DIR;
+  if (runtime) return join(runtime, 'minisandbox');
+  return join(tmpdir(), `minisandbox-${process.getuid?.() ?? 0}`);
+}
+
+/**
+ * Creates the state dir (mode 0700) or checks an existing one: it must be a
+ * real directory owned by us, or another user could have planted it in a
+ * shared /tmp to read or redirect our sandboxes' files.
+ */
+export function ensureStateDir(dir: string): void {
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  const st = lstatSync(dir);
+  const uid = process.getuid?.() ?? 0;
+  if (!st.isDirectory()) throw new ConfigError(`stateDir ${dir} is not a directory`, 'stateDir');
+  if (st.uid !== uid) throw new ConfigError(`stateDir ${dir} belongs to uid ${st.uid}, not to us (uid ${uid})`, 'stateDir');
+  if ((st.mode & 0o077) !== 0) chmodSync(dir, 0o700);
+}
+
+export function processStartTime(pid: number): string | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // Fields after the command name, which may contain spaces and ')'.
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return fields[19] ?? null; // field 22 overall
+  } catch {
+    return null;
+  }
+}
+
+export function isOwnerAlive(rec: Pick<OwnerRecord, 'pid' | 'startTime'>): boolean {
+  return processStartTime(rec.pid) === rec.startTime;
+}
+
+export function newSandboxId(): string {
+  return `sbx-${randomBytes(6).toString('hex')}`;
+}
+
+/** Makes <stateDir>/<id> (0700) with our ownership record in it. */
+export function createPrivateDir(stateDir: string, id: string): string {
+  const dir = join(stateDir, id);
+  mkdirSync(dir, { mode: 0o700 });
+  const rec: OwnerRecord = { id, pid: process.pid, startTime: processStartTime(process.pid) ?? '', created: new Date().toISOString() };
+  writeFileSync(join(dir, OWNER_FILE), JSON.stringify(rec) + '\n', { mode: 0o600 });
+  return dir;
+}
+
+export function readOwner(dir: string): OwnerRecord | null {
+  try {
+    return JSON.parse(readFileSync(join(dir, OWNER_FILE), 'utf8')) as OwnerRecord;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Deletes a tree without following symlinks (lstat only) and without
+ * entering another filesystem. Directories a sandbox left unreadable (or
+ * overlay's mode-000 work dir) are made accessible first: they are ours.
+ */
+export function removeTree(path: string): void {
+  let root;
+  try {
+    root = lstatSync(path);
+  } catch {
+    return;
+  }
+  const walk = (p: string, dev: number): void => {
+    const st = lstatSync(p);
+    if (!st.isDirectory()) {
+      unlinkSync(p);
+      return;
+    }
+    if (st.dev !== dev) throw new Error(`refusing to delete ${p}: it is on another filesystem`);
+    if ((st.mode & 0o700) !== 0o700) chmodSync(p, 0o700);
+    for (const entry of readdirSync(p)) walk(join(p, entry), dev);
+    rmdirSync(p);
+  };
+  walk(path, root.dev);
+}
+
+export interface GcResult {
+  removed: string[];
+  /** Directories of live owners, left alone. */
+  kept: string[];
+  /** Directories that could not be removed, with the reason. */
+  failed: { dir: string; reason: string }[];
+}
+
+/**
+ * Removes the private directories whose owner is gone. Directories without
+ * a readable record are left alone unless they are older than a minute
+ * (a sandbox being created writes its record right after mkdir).
+ */
+export function collectGarbage(stateDir: string): GcResult {
+  const result: GcResult = { removed: [], kept: [], failed: [] };
+  let entries: string[];
+  try {
+    entries = readdirSync(stateDir);
+  } catch {
+    return result;
+  }
+  for (const name of entries) {
+    if (!name.startsWith('sbx-')) continue;
+    const dir = join(stateDir, name);
+    const rec = readOwner(dir);
+    if (rec ? isOwnerAlive(rec) : Date.now() - lstatSync(dir).mtimeMs < 60_000) {
+      result.kept.push(dir);
+      continue;
+    }
+    try {
+      removeTree(dir);
+      result.removed.push(dir);
+    } catch (e) {
+      result.failed.push({ dir, reason: (e as Error).message });
+    }
+  }
+  return result;
+}
