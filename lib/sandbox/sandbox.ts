@@ -13,7 +13,7 @@ import { native, type NativeOp, type NativePlan } from '../native/index.js';
 import { ShellSession, type PtyChannel } from '../shell/index.js';
 import { ConfigError, SandboxError } from './errors.js';
 import { SandboxLimits, type Limits, type LimitReport } from './limits.js';
-import type { ProcessOptions, SandboxOptions } from './options.js';
+import type { Mount, ProcessOptions, SandboxOptions } from './options.js';
 import {
   KNOWN_OPTION_KEYS,
   PROCESS_OPTION_KEYS,
@@ -39,6 +39,12 @@ export interface SandboxCreateOptions extends SandboxOptions {
   extraOps?: NativeOp[];
   /** Where commands start; default /work. */
   cwd?: string;
+  /**
+   * Read-only trees (environment layers) shown at `target` with a private
+   * writable layer on top, kept in this sandbox's own directory: writes,
+   * deletions and renames never reach `lower` or another sandbox.
+   */
+  overlays?: { target: string; lower: string[] }[];
 }
 
 export type Command = string | string[];
@@ -123,7 +129,7 @@ export class Sandbox implements AsyncDisposable {
 
   /** Starts a sandbox; resolves once its namespaces and root are ready. */
   static async create(opts: SandboxCreateOptions = {}): Promise<Sandbox> {
-    const { stateDir: stateDirOpt, limits: limitOpts, env = {}, extraOps = [], cwd, ...sandboxOpts } = opts;
+    const { stateDir: stateDirOpt, limits: limitOpts, env = {}, extraOps = [], cwd, overlays = [], ...sandboxOpts } = opts;
     for (const key of Object.keys(sandboxOpts)) {
       if (!KNOWN_OPTION_KEYS.has(key) || PROCESS_OPTION_KEYS.has(key)) throw new ConfigError(`${key}: unknown option for Sandbox.create`, key);
     }
@@ -140,7 +146,16 @@ export class Sandbox implements AsyncDisposable {
     try {
       const work = join(privateDir, 'work');
       mkdirSync(work);
-      const part = buildSandboxPart({ ...sandboxOpts, workDir: sandboxOpts.workDir ?? work, hostname: sandboxOpts.hostname ?? id }, extraOps);
+      const layered = overlays.map((o, i): Mount => {
+        const dir = join(privateDir, 'layers', String(i));
+        mkdirSync(join(dir, 'upper'), { recursive: true });
+        mkdirSync(join(dir, 'work'));
+        return { type: 'overlay', target: o.target, lower: o.lower, upper: join(dir, 'upper'), work: join(dir, 'work') };
+      });
+      const part = buildSandboxPart(
+        { ...sandboxOpts, mounts: [...layered, ...(sandboxOpts.mounts ?? [])], workDir: sandboxOpts.workDir ?? work, hostname: sandboxOpts.hostname ?? id },
+        extraOps,
+      );
       if (!part.namespaces.includes('pid')) throw new ConfigError('namespaces.pid: a persistent sandbox needs its PID namespace', 'namespaces.pid');
       const startCwd = checkSandboxPath('cwd', cwd ?? (part.root === 'host' ? WORK_DIR : '/'));
       limits = new SandboxLimits(id, limitOpts);
