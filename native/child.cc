@@ -687,12 +687,18 @@ void NoopHandler(int) {}
     if (sig == SIGKILL || sig == SIGSTOP) continue;
     sigaction(sig, &sa, nullptr);
   }
+  sigaction(kSignalKillAll, &sa, nullptr);
   sigset_t all;
   sigfillset(&all);
   for (;;) {
     siginfo_t si;
     int sig = sigwaitinfo(&all, &si);
     if (sig < 0) continue;
+    if (sig == kSignalKillAll) {
+      // kill(-1) spares the caller: everything but PID 1 goes.
+      kill(-1, SIGKILL);
+      continue;
+    }
     if (sig != SIGCHLD) {
       if (sig != SIGTSTP && sig != SIGTTIN && sig != SIGTTOU) kill(-1, sig);
       continue;

@@ -72,6 +72,10 @@ struct ChildFds {
   int control_read;  // Enter: kill-tree and signal requests for the monitor
 };
 
+// Sent to a sandbox's PID 1: kill every other process in the sandbox, keep
+// the sandbox. (A real-time signal no program is likely to forward.)
+constexpr int kSignalKillAll = 64;
+
 // Control bytes the parent writes to a monitor; any other byte is a signal
 // number to forward to the command.
 constexpr unsigned char kControlKillTree = 0xff;

@@ -2,10 +2,11 @@
  * What this machine lets a sandbox do, checked for real (by starting small
  * sandboxes), with the reason wherever something does not work.
  */
-import { accessSync, constants, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { accessSync, constants, existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { release, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { run } from './run.js';
+import { removeTree } from './state.js';
 
 export interface Check {
   name: string;
@@ -70,7 +71,7 @@ async function overlayCheck(): Promise<Check> {
       mounts: [{ type: 'overlay', target: '/o', lower: [join(dir, 'lower')], upper: join(dir, 'upper'), work: join(dir, 'work') }],
     });
   } finally {
-    rmSync(dir, { recursive: true, force: true, maxRetries: 2 });
+    removeTree(dir); // overlay leaves a mode-000 work dir that rmSync cannot enter
   }
 }
 

@@ -50,6 +50,8 @@ function collect(stream: Readable | null, max: number, onOverflow: () => void): 
 
 export interface CollectOptions {
   input?: string | Buffer;
+  /** Leave stdin to the caller (it pipes something in). Default false. */
+  keepStdin?: boolean;
   maxBuffer?: number;
   encoding?: 'utf8' | 'buffer';
   started: number;
@@ -64,7 +66,7 @@ export async function collectResult(proc: SandboxProcess, opts: CollectOptions):
     proc.killTree();
   };
   const [out, err] = [collect(proc.stdout, maxBuffer, overflow), collect(proc.stderr, maxBuffer, overflow)];
-  if (proc.stdin) {
+  if (proc.stdin && !opts.keepStdin) {
     if (input !== undefined) proc.stdin.end(input);
     else proc.stdin.end();
   }

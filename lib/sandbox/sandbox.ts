@@ -79,6 +79,9 @@ const FILE_CAPS = ['CAP_DAC_OVERRIDE', 'CAP_DAC_READ_SEARCH', 'CAP_FOWNER', 'CAP
 
 const collectedStateDirs = new Set<string>();
 
+/** Signal PID 1 takes as "kill everything else" (native/child.h kSignalKillAll). */
+const KILL_ALL_SIGNAL = 64;
+
 /** `sh -c` for a string, the argv itself for an array. */
 function argvOf(cmd: Command): string[] {
   if (typeof cmd === 'string') return ['/bin/sh', '-c', cmd];
@@ -305,7 +308,7 @@ export class Sandbox implements AsyncDisposable {
       capabilities: FILE_CAPS,
     });
     tar.stdout.pipe(proc.stdin!);
-    const result = await collectResult(proc, { started: performance.now() });
+    const result = await collectResult(proc, { started: performance.now(), keepStdin: true });
     if (result.exitCode !== 0) throw new SandboxError(`upload ${hostPath} -> ${p}: ${String(result.stderr).trim()}`);
   }
 
@@ -337,6 +340,19 @@ export class Sandbox implements AsyncDisposable {
   #path(path: string): string {
     if (typeof path !== 'string' || path.length === 0 || path.includes('\0')) throw new ConfigError('path: must be a non-empty string', 'path');
     return posix.isAbsolute(path) ? path : posix.join(this.#cwd, path);
+  }
+
+  /**
+   * Kills every process in the sandbox (its PID 1 excepted): a way back
+   * from a fork bomb or from leftovers of earlier commands, keeping the
+   * sandbox, its files and its network.
+   */
+  async killAll(): Promise<void> {
+    const sessions = [...this.#sessions.values()];
+    this.#sessions.clear();
+    this.#init.kill(KILL_ALL_SIGNAL);
+    await Promise.all([...this.#running].map((p) => p.exited.catch(() => {})));
+    await Promise.all(sessions.map((s) => s.close().catch(() => {})));
   }
 
   /**
