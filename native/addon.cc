@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -116,8 +117,25 @@ bool WireStdio(Napi::Env env, Napi::Value spec, int target, bool pty, FdSet& own
 
 // What Spawn and Enter share: the plan, stdio, extra fds, the terminal
 // socket and the pipes between parent and child.
+// Spare stacks for the child's CLONE_VM children; the parent's mapping is
+// dropped after clone (the child has its own copy-on-write one).
+struct Stacks {
+  char* base = nullptr;
+  Stacks() {
+    void* p = mmap(nullptr, 2 * kChildStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    base = p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+  }
+  ~Stacks() {
+    if (base) munmap(base, 2 * kChildStackSize);
+  }
+  // Stacks grow down: hand out the top end of each half.
+  char* a() const { return base + kChildStackSize; }
+  char* b() const { return base + 2 * kChildStackSize; }
+};
+
 struct Prepared {
   Plan plan;
+  Stacks stacks;
   FdSet owned;       // parent ends, released into the result
   FdSet child_only;  // child ends, closed in the parent after clone
   int parent_ends[3] = {-1, -1, -1};
@@ -186,6 +204,10 @@ bool Prepare(Napi::Env env, const Napi::Object& obj, Prepared& p, bool enter) {
     }
   }
   plan.finalize();
+  if (!p.stacks.base) {
+    SysError(env, "mmap of the child stacks", errno).ThrowAsJavaScriptException();
+    return false;
+  }
 
   bool ok = pipe2(p.sync, O_CLOEXEC) == 0 && pipe2(p.err, O_CLOEXEC) == 0 && pipe2(p.status, O_CLOEXEC) == 0;
   if (ok && enter) ok = pipe2(p.pid_pipe, O_CLOEXEC) == 0 && pipe2(p.control, O_CLOEXEC) == 0;
@@ -278,7 +300,7 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   if (plan.namespaces & NS_NET) flags |= CLONE_NEWNET;
   if (plan.namespaces & NS_CGROUP) flags |= CLONE_NEWCGROUP;
 
-  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], -1, -1};
+  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], -1, -1, p.stacks.a(), p.stacks.b()};
   int pidfd = -1;
   // Every signal stays blocked across clone() so none is delivered to the
   // child through Node's handlers before it resets them.
@@ -313,7 +335,7 @@ Napi::Value Enter(const Napi::CallbackInfo& info) {
   if (!Prepare(env, info[1].As<Napi::Object>(), p, true)) return env.Undefined();
   const Plan& plan = p.plan;
 
-  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], p.pid_pipe[1], p.control[0]};
+  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], p.pid_pipe[1], p.control[0], p.stacks.a(), p.stacks.b()};
   int gobetween_fd = -1;
   sigset_t all, old;
   sigfillset(&all);

@@ -899,6 +899,40 @@ void KillTree() {
   }
 }
 
+// What the CLONE_VM children below run; they share these with their parent.
+const Plan* g_plan = nullptr;
+const ChildFds* g_fds = nullptr;
+
+int MainEntry(void*) { ExecMain(*g_plan, *g_fds); }
+
+// Starts the main process sharing our memory until it execs (vfork-like):
+// no copy of the address space, and we resume once it has exec'd or failed.
+pid_t StartMain(char* stack) {
+  return clone(MainEntry, stack, CLONE_VM | CLONE_VFORK | SIGCHLD, nullptr);
+}
+
+[[noreturn]] void RunMonitorProcess() {
+  const Plan& plan = *g_plan;
+  const ChildFds& fds = *g_fds;
+  if (plan.die_with_parent && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) Fail(Step::DeathSignal);
+  // Orphans of the command come back to the monitor, so KillTree sees them.
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) Fail(Step::Monitor);
+  if (plan.pty) OpenSandboxPty(plan, fds.pty_socket);
+  sigset_t all;
+  sigfillset(&all);
+  sigprocmask(SIG_SETMASK, &all, nullptr);
+  pid_t main_pid = StartMain(fds.stack_b);
+  if (main_pid < 0) Fail(Step::Monitor);
+  g_main_pid = main_pid;
+  int status_fd = fcntl(fds.status_write, F_DUPFD_CLOEXEC, kHighFd);
+  int control_fd = fcntl(fds.control_read, F_DUPFD_CLOEXEC, kHighFd + 1);
+  sys::close_range(0, kHighFd - 1, 0);
+  sys::close_range(static_cast<unsigned>(control_fd) + 1, ~0u, 0);
+  RunMonitor(status_fd, control_fd);
+}
+
+int MonitorEntry(void*) { RunMonitorProcess(); }
+
 }  // namespace
 
 [[noreturn]] void RunEnter(const Plan& plan, const ChildFds& fds, int target_pidfd) {
@@ -917,32 +951,16 @@ void KillTree() {
 
   // The monitor is born inside the sandbox's PID namespace (only children
   // enter it) and, with CLONE_PARENT, as a child of Node itself: Node can
-  // watch it with a pidfd, and this go-between exits at once.
-  pid_t monitor = static_cast<pid_t>(syscall(SYS_clone, CLONE_PARENT, 0, 0, 0, 0));
+  // watch it with a pidfd, and this go-between exits at once. CLONE_VM: it
+  // inherits this copy of the address space instead of making another.
+  g_plan = &plan;
+  g_fds = &fds;
+  pid_t monitor = clone(MonitorEntry, fds.stack_a, CLONE_VM | CLONE_PARENT, nullptr);
   if (monitor < 0) Fail(Step::Monitor);
-  if (monitor > 0) {
-    int32_t pid = monitor;
-    ssize_t unused = write(fds.pid_write, &pid, sizeof pid);
-    (void)unused;
-    _exit(0);
-  }
-
-  if (plan.die_with_parent && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) Fail(Step::DeathSignal);
-  // Orphans of the command come back to the monitor, so KillTree sees them.
-  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) Fail(Step::Monitor);
-  if (plan.pty) OpenSandboxPty(plan, fds.pty_socket);
-  sigset_t all;
-  sigfillset(&all);
-  sigprocmask(SIG_SETMASK, &all, nullptr);
-  pid_t main_pid = static_cast<pid_t>(syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0));
-  if (main_pid < 0) Fail(Step::Monitor);
-  if (main_pid == 0) ExecMain(plan, fds);
-  g_main_pid = main_pid;
-  int status_fd = fcntl(fds.status_write, F_DUPFD_CLOEXEC, kHighFd);
-  int control_fd = fcntl(fds.control_read, F_DUPFD_CLOEXEC, kHighFd + 1);
-  sys::close_range(0, kHighFd - 1, 0);
-  sys::close_range(static_cast<unsigned>(control_fd) + 1, ~0u, 0);
-  RunMonitor(status_fd, control_fd);
+  int32_t pid = monitor;
+  ssize_t unused = write(fds.pid_write, &pid, sizeof pid);
+  (void)unused;
+  _exit(0);
 }
 
 [[noreturn]] void RunChild(const Plan& plan, const ChildFds& fds) {
@@ -967,9 +985,11 @@ void KillTree() {
     sigset_t all;
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, nullptr);
-    pid_t main_pid = static_cast<pid_t>(syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0));
+    g_plan = &plan;
+    g_fds = &fds;
+    pid_t main_pid = StartMain(fds.stack_a);
     if (main_pid < 0) Fail(Step::ForkInit);
-    if (main_pid > 0) {
+    {
       // Init keeps only the status pipe: the error pipe must reach EOF at the
       // parent as soon as the main process has exec'd.
       int status_fd = fcntl(fds.status_write, F_DUPFD_CLOEXEC, kHighFd);

@@ -70,7 +70,13 @@ struct ChildFds {
   int pty_socket;    // plan.pty: the pty master is sent to the parent here
   int pid_write;     // Enter: the monitor's pid, as the parent sees it
   int control_read;  // Enter: kill-tree and signal requests for the monitor
+  // Two spare stacks (their top ends) for children that share our memory
+  // (CLONE_VM): they cost no copy of Node's page tables.
+  char* stack_a;
+  char* stack_b;
 };
+
+constexpr size_t kChildStackSize = 256 * 1024;
 
 // Sent to a sandbox's PID 1: kill every other process in the sandbox, keep
 // the sandbox. (A real-time signal no program is likely to forward.)
