@@ -13,12 +13,12 @@ import { lstatSync, readlinkSync } from 'node:fs';
 import { cpus, loadavg, release } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { policy, run } from '../lib/index.js';
-import { dockerCommand, ensureDocker, importImage, stopDocker } from './lib/docker.js';
+import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
 import { aptInstall, lastLines, which } from './lib/proc.js';
 import { formatMs, formatRatio, formatTable, summarize, type Summary } from './lib/stats.js';
 
 const TRUE = '/usr/bin/true';
-const IMAGE = 'minisandbox-bench-host';
+const IMAGE = HOST_IMAGE;
 const TARGET_VS_BWRAP = 1.0; // MiniSandbox median / bwrap median must be <= this
 const TARGET_DOCKER_VS = 50; // docker median / MiniSandbox median must be >= this
 
@@ -127,22 +127,6 @@ function bwrapArgs(): string[] {
   ];
 }
 
-/** The same files as the MiniSandbox root, as paths relative to / for tar. */
-function imagePaths(): string[] {
-  const exists = (p: string) => {
-    try {
-      lstatSync(`/${p}`);
-      return true;
-    } catch {
-      return false;
-    }
-  };
-  return [
-    ...policy.HOST_ROOT_DIRS.map((d) => d.slice(1)),
-    ...policy.HOST_ETC_ENTRIES.map((e) => `etc/${e}`),
-  ].filter(exists);
-}
-
 async function benchFloor(o: Options): Promise<Result> {
   return ok('child_process.spawn (floor)', TRUE, await measure('floor', () => runCommand(TRUE, []), o.iterations, o.warmup));
 }
@@ -188,7 +172,7 @@ async function benchDocker(o: Options): Promise<Result> {
     return skipped(name, `docker ${runArgs.join(' ')}`, describe(err));
   }
   try {
-    await importImage(handle, IMAGE, imagePaths(), log);
+    await importImage(handle, IMAGE, hostImagePaths(), log);
     const [file, args] = dockerCommand(handle, runArgs);
     const command = `${file} ${args.join(' ')}`;
     const warmup = Math.min(o.warmup, 3); // each run costs hundreds of ms

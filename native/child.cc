@@ -523,6 +523,23 @@ void SetUpFilesystem(const Plan& plan) {
   if (chdir("/") < 0) Fail(Step::PivotRoot);
 }
 
+// Closes every fd but `a` and `b` (-1: none). The fds to keep stay where
+// they are: with many fds open in Node, no "high" region is known to be free.
+void CloseAllExcept(int a, int b = -1) {
+  if (a > b) {
+    int t = a;
+    a = b;
+    b = t;
+  }
+  unsigned lo = 0;
+  for (int keep : {a, b}) {
+    if (keep < 0) continue;
+    if (static_cast<unsigned>(keep) > lo) sys::close_range(lo, static_cast<unsigned>(keep) - 1, 0);
+    lo = static_cast<unsigned>(keep) + 1;
+  }
+  sys::close_range(lo, ~0u, 0);
+}
+
 // Moves every fd the plan maps (and the error pipe) above kHighFd, then
 // dup2()s them into place and closes everything else: no host fd survives.
 void WireFds(const Plan& plan) {
@@ -924,11 +941,8 @@ pid_t StartMain(char* stack) {
   pid_t main_pid = StartMain(fds.stack_b);
   if (main_pid < 0) Fail(Step::Monitor);
   g_main_pid = main_pid;
-  int status_fd = fcntl(fds.status_write, F_DUPFD_CLOEXEC, kHighFd);
-  int control_fd = fcntl(fds.control_read, F_DUPFD_CLOEXEC, kHighFd + 1);
-  sys::close_range(0, kHighFd - 1, 0);
-  sys::close_range(static_cast<unsigned>(control_fd) + 1, ~0u, 0);
-  RunMonitor(status_fd, control_fd);
+  CloseAllExcept(fds.status_write, fds.control_read);
+  RunMonitor(fds.status_write, fds.control_read);
 }
 
 int MonitorEntry(void*) { RunMonitorProcess(); }
@@ -974,10 +988,8 @@ int MonitorEntry(void*) { RunMonitorProcess(); }
   if (plan.pty) OpenSandboxPty(plan, fds.pty_socket);
 
   if (plan.hold) {
-    int status_fd = fcntl(fds.status_write, F_DUPFD_CLOEXEC, kHighFd);
-    sys::close_range(0, kHighFd - 1, 0);
-    sys::close_range(static_cast<unsigned>(status_fd) + 1, ~0u, 0);
-    RunInit(-1, status_fd);
+    CloseAllExcept(fds.status_write);
+    RunInit(-1, fds.status_write);
   }
   if (plan.namespaces & NS_PID) {
     // Signals stay blocked across the fork so init cannot miss the main
@@ -992,10 +1004,8 @@ int MonitorEntry(void*) { RunMonitorProcess(); }
     {
       // Init keeps only the status pipe: the error pipe must reach EOF at the
       // parent as soon as the main process has exec'd.
-      int status_fd = fcntl(fds.status_write, F_DUPFD_CLOEXEC, kHighFd);
-      sys::close_range(0, kHighFd - 1, 0);
-      sys::close_range(static_cast<unsigned>(status_fd) + 1, ~0u, 0);
-      RunInit(main_pid, status_fd);
+      CloseAllExcept(fds.status_write);
+      RunInit(main_pid, fds.status_write);
     }
   }
   ExecMain(plan, fds);

@@ -8,7 +8,12 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { closeSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { lstatSync } from 'node:fs';
+import { policy } from '../../lib/index.js';
 import { aptInstall, exec, isExecutable, lastLines, which } from './proc.js';
+
+/** The image of the host files a default MiniSandbox root shows (see hostImagePaths). */
+export const HOST_IMAGE = 'minisandbox-bench-host';
 
 export class DockerUnavailable extends Error {}
 
@@ -177,3 +182,20 @@ export async function stopDocker(h: DockerHandle, log: Log, keepLog = false): Pr
   else if (h.tmpDir) rmSync(h.tmpDir, { recursive: true, force: true });
   log('stopped the dockerd this benchmark started');
 }
+
+/** The same files as the MiniSandbox root, as paths relative to / for tar. */
+export function hostImagePaths(): string[] {
+  const exists = (p: string) => {
+    try {
+      lstatSync(`/${p}`);
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  return [
+    ...policy.HOST_ROOT_DIRS.map((d) => d.slice(1)),
+    ...policy.HOST_ETC_ENTRIES.map((e) => `etc/${e}`),
+  ].filter(exists);
+}
+

@@ -4,6 +4,8 @@ import { SandboxError } from '../sandbox/errors.js';
 import { UsageError } from './args.js';
 import { DOCTOR_HELP, doctorCommand } from './commands/doctor.js';
 import { RUN_HELP, runCommand } from './commands/run.js';
+import { GC_HELP, gcCommand } from './commands/gc.js';
+import { SERVE_HELP, serveCommand } from '../server/cli.js';
 
 const HELP = `Usage: minisandbox COMMAND [OPTIONS]
 
@@ -12,6 +14,8 @@ Container-free sandboxes for software-engineering agents.
 Commands:
   run      Run a command in a new sandbox (bubblewrap-like options)
   doctor   Check which kernel features work on this machine, and why not
+  gc       Remove what sandboxes of dead processes left behind
+  serve    Serve sandboxes over SWE-ReX's HTTP protocol
 
 Run 'minisandbox COMMAND --help' for a command's options.
 `;
@@ -19,6 +23,8 @@ Run 'minisandbox COMMAND --help' for a command's options.
 const COMMANDS: Record<string, { run: (args: string[]) => Promise<number>; help: string }> = {
   run: { run: runCommand, help: RUN_HELP },
   doctor: { run: doctorCommand, help: DOCTOR_HELP },
+  gc: { run: gcCommand, help: GC_HELP },
+  serve: { run: serveCommand, help: SERVE_HELP },
 };
 
 export async function main(argv: string[]): Promise<number> {

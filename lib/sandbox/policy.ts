@@ -106,6 +106,14 @@ export function procOps(target = '/proc'): NativeOp[] {
   return ops;
 }
 
+/**
+ * Capabilities that let the sandbox's root work with files regardless of
+ * their modes, as root in a container would: read-only environment layers,
+ * files a command left unreadable. In the sandbox's user namespace they reach
+ * only files of ids mapped into it, and read-only mounts stay read-only.
+ */
+export const FILE_CAPABILITIES = ['CAP_DAC_OVERRIDE', 'CAP_DAC_READ_SEARCH', 'CAP_FOWNER', 'CAP_CHOWN'];
+
 /** Capability numbers (linux/capability.h), for `capabilities: ['CAP_CHOWN']`. */
 export const CAPABILITIES: Record<string, number> = {
   CAP_CHOWN: 0, CAP_DAC_OVERRIDE: 1, CAP_DAC_READ_SEARCH: 2, CAP_FOWNER: 3, CAP_FSETID: 4,

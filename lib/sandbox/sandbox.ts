@@ -24,7 +24,7 @@ import {
   sandboxPlanFields,
   type SandboxPart,
 } from './plan.js';
-import { WORK_DIR } from './policy.js';
+import { FILE_CAPABILITIES, WORK_DIR } from './policy.js';
 import { SandboxProcess, callNative } from './process.js';
 import { collectResult, type RunResult } from './run.js';
 import { collectGarbage, createPrivateDir, defaultStateDir, ensureStateDir, newSandboxId, removeTree } from './state.js';
@@ -45,6 +45,11 @@ export interface SandboxCreateOptions extends SandboxOptions {
    * deletions and renames never reach `lower` or another sandbox.
    */
   overlays?: { target: string; lower: string[] }[];
+  /**
+   * Capabilities of every process that names none (shells included); none
+   * by default. FILE_CAPABILITIES lets root inside edit read-only layers.
+   */
+  capabilities?: string[];
 }
 
 export type Command = string | string[];
@@ -74,8 +79,8 @@ export interface ShellOptions {
   rows?: number;
 }
 
-/** What file operations may touch regardless of the sandboxed files' modes. */
-const FILE_CAPS = ['CAP_DAC_OVERRIDE', 'CAP_DAC_READ_SEARCH', 'CAP_FOWNER', 'CAP_CHOWN'];
+/** File operations work on any file of the sandbox, whatever its mode. */
+const FILE_CAPS = FILE_CAPABILITIES;
 
 const collectedStateDirs = new Set<string>();
 
@@ -106,6 +111,7 @@ export class Sandbox implements AsyncDisposable {
   readonly #limits: SandboxLimits;
   readonly #env: Record<string, string>;
   readonly #cwd: string;
+  readonly #capabilities: string[] | undefined;
   readonly #sessions = new Map<string, ShellSession>();
   readonly #running = new Set<SandboxProcess>();
   #closing: Promise<void> | null = null;
@@ -118,6 +124,7 @@ export class Sandbox implements AsyncDisposable {
     limits: SandboxLimits;
     env: Record<string, string>;
     cwd: string;
+    capabilities?: string[];
   }) {
     this.id = args.id;
     this.privateDir = args.privateDir;
@@ -128,11 +135,12 @@ export class Sandbox implements AsyncDisposable {
     this.limits = args.limits.report;
     this.#env = args.env;
     this.#cwd = args.cwd;
+    this.#capabilities = args.capabilities;
   }
 
   /** Starts a sandbox; resolves once its namespaces and root are ready. */
   static async create(opts: SandboxCreateOptions = {}): Promise<Sandbox> {
-    const { stateDir: stateDirOpt, limits: limitOpts, env = {}, extraOps = [], cwd, overlays = [], ...sandboxOpts } = opts;
+    const { stateDir: stateDirOpt, limits: limitOpts, env = {}, extraOps = [], cwd, overlays = [], capabilities, ...sandboxOpts } = opts;
     for (const key of Object.keys(sandboxOpts)) {
       if (!KNOWN_OPTION_KEYS.has(key) || PROCESS_OPTION_KEYS.has(key)) throw new ConfigError(`${key}: unknown option for Sandbox.create`, key);
     }
@@ -177,12 +185,17 @@ export class Sandbox implements AsyncDisposable {
       // The sandbox must not keep Node alive by itself: it dies with Node.
       init.unref();
       await init.ready;
-      return new Sandbox({ id, privateDir, init, part, limits, env, cwd: startCwd });
+      return new Sandbox({ id, privateDir, init, part, limits, env, cwd: startCwd, capabilities });
     } catch (e) {
       await limits?.remove().catch(() => {});
       removeTree(privateDir);
       throw e;
     }
+  }
+
+  /** Where commands start unless told otherwise. */
+  get cwd(): string {
+    return this.#cwd;
   }
 
   /** Host pid of the sandbox's PID 1. */
@@ -205,7 +218,11 @@ export class Sandbox implements AsyncDisposable {
   }
 
   #spawnProcess(opts: ProcessOptions): SandboxProcess {
-    const processPart = buildProcessPart({ cwd: this.#cwd, ...opts }, this.#part, { env: this.#env, rlimits: this.#limits.rlimits });
+    const processPart = buildProcessPart({ cwd: this.#cwd, ...opts }, this.#part, {
+      env: this.#env,
+      rlimits: this.#limits.rlimits,
+      capabilities: this.#capabilities,
+    });
     const plan: NativePlan = { namespaces: this.#part.namespaces, ops: [], cgroupProcs: this.#limits.procsFiles, ...processPart };
     const pidfd = this.#init.pidfd;
     if (pidfd === null) throw new SandboxError(`sandbox ${this.id} has exited`);

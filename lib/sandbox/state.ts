@@ -138,15 +138,17 @@ export function collectGarbage(stateDir: string): GcResult {
   for (const name of entries) {
     if (!name.startsWith('sbx-')) continue;
     const dir = join(stateDir, name);
-    const rec = readOwner(dir);
-    if (rec ? isOwnerAlive(rec) : Date.now() - lstatSync(dir).mtimeMs < 60_000) {
-      result.kept.push(dir);
-      continue;
-    }
     try {
+      const rec = readOwner(dir);
+      if (rec ? isOwnerAlive(rec) : Date.now() - lstatSync(dir).mtimeMs < 60_000) {
+        result.kept.push(dir);
+        continue;
+      }
       removeTree(dir);
       result.removed.push(dir);
     } catch (e) {
+      // Gone meanwhile (its owner closed it, or another gc got there first).
+      if ((e as NodeJS.ErrnoException).code === 'ENOENT') continue;
       result.failed.push({ dir, reason: (e as Error).message });
     }
   }

@@ -4,3 +4,4 @@ export * from './logParsers.js';
 export * from './grading.js';
 export { findPython, probePython, pythonCandidates, type FindPythonOptions, type PythonInterpreter } from './python.js';
 export { recordStatus } from './testStatus.js';
+export * from './pipeline/index.js';

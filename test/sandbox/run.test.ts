@@ -163,6 +163,7 @@ describe('spawn', () => {
   it('SIGKILL of the owning Node process leaves no sandboxed process', async () => {
     const mark = uniqueSleep();
     const dir = tempDir();
+    let owner: ReturnType<typeof fork> | undefined;
     try {
       const script = join(dir.path, 'owner.mjs');
       // A plain Node child (no vitest transform): it loads the built package.
@@ -173,16 +174,18 @@ describe('spawn', () => {
          const p = spawn({ argv: ['sh', '-c', 'sleep ${mark} & sleep ${mark}'] });
          await p.ready; process.send('ready'); setInterval(() => {}, 1000);`,
       );
-      const owner = fork(script, [], { stdio: 'ignore' });
+      const child = fork(script, [], { stdio: 'ignore' });
+      owner = child;
       const ready = await new Promise((res) => {
-        owner.on('message', res);
-        owner.on('exit', () => res('exited'));
+        child.on('message', res);
+        child.on('exit', () => res('exited'));
       });
       expect(ready).toBe('ready');
       expect(await waitFor(() => hostPidsMatching(mark).length >= 2)).toBe(true);
-      owner.kill('SIGKILL');
+      child.kill('SIGKILL');
       expect(await waitFor(() => hostPidsMatching(mark).length === 0)).toBe(true);
     } finally {
+      owner?.kill('SIGKILL');
       dir.remove();
     }
   });

@@ -158,6 +158,7 @@ describe('crash safety', () => {
     const mark = uniqueSleep();
     const dir = tempDir('msbx-owner-');
     const live = await create();
+    let owner: ReturnType<typeof fork> | undefined;
     try {
       const entry = new URL('../../dist/lib/index.js', import.meta.url).pathname;
       const script = join(dir.path, 'owner.mjs');
@@ -168,15 +169,16 @@ describe('crash safety', () => {
          await sb.exec('sleep ${mark} >/dev/null 2>&1 &');
          process.send(sb.privateDir); setInterval(() => {}, 1000);`,
       );
-      const owner = fork(script, [], { stdio: 'ignore' });
+      const child = fork(script, [], { stdio: 'ignore' });
+      owner = child;
       const privateDir = await new Promise<string>((res, rej) => {
-        owner.on('message', (m) => res(String(m)));
-        owner.on('exit', () => rej(new Error('owner exited early')));
+        child.on('message', (m) => res(String(m)));
+        child.on('exit', () => rej(new Error('owner exited early')));
       });
       expect(hostPidsMatching(mark).length).toBe(1);
-      owner.kill('SIGKILL');
+      child.kill('SIGKILL');
       expect(await waitFor(() => hostPidsMatching(mark).length === 0)).toBe(true);
-      await waitFor(() => owner.exitCode !== null || owner.signalCode !== null);
+      await waitFor(() => child.exitCode !== null || child.signalCode !== null);
       expect(existsSync(privateDir)).toBe(true);
       const gc = collectGarbage(state.path);
       expect(gc.removed).toEqual([privateDir]);
@@ -184,6 +186,7 @@ describe('crash safety', () => {
       expect(existsSync(privateDir)).toBe(false);
       expect((await live.exec('echo still')).stdout).toBe('still\n');
     } finally {
+      owner?.kill('SIGKILL');
       await live.close();
       dir.remove();
     }

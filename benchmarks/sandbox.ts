@@ -1,0 +1,172 @@
+/**
+ * Persistent sandboxes, measured in one run:
+ * - Sandbox.create() + first command done (target: median <= 15 ms);
+ * - exec of `true` in a running sandbox (target: median <= 2 ms, and at
+ *   least 20x faster than `docker exec` into a running container);
+ * - a session.run('true') round trip (target: median <= 2 ms);
+ * - 256 sandboxes created concurrently: total time, sandboxes per second,
+ *   memory per idle sandbox (target: under 4 MB besides the shell).
+ *
+ *   node dist/benchmarks/sandbox.js [--iterations N] [--concurrent N] [--no-docker] [--json]
+ */
+import { readFileSync } from 'node:fs';
+import { cpus, loadavg, release } from 'node:os';
+import { performance } from 'node:perf_hooks';
+import { Sandbox } from '../lib/index.js';
+import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
+import { exec } from './lib/proc.js';
+import { formatMs, formatRatio, formatTable, summarize, type Summary } from './lib/stats.js';
+
+interface Options {
+  iterations: number;
+  concurrent: number;
+  docker: boolean;
+  json: boolean;
+}
+
+function parseArgs(argv: string[]): Options {
+  const o: Options = { iterations: 200, concurrent: 256, docker: true, json: false };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    if (a === '--iterations') o.iterations = Number(argv[++i]);
+    else if (a === '--concurrent') o.concurrent = Number(argv[++i]);
+    else if (a === '--no-docker') o.docker = false;
+    else if (a === '--json') o.json = true;
+    else throw new Error(`unknown argument ${a}`);
+  }
+  return o;
+}
+
+const log = (msg: string) => process.stderr.write(`[bench] ${msg}\n`);
+
+async function timeMany(n: number, warmup: number, fn: () => Promise<unknown>): Promise<number[]> {
+  for (let i = 0; i < warmup; i++) await fn();
+  const samples: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const t = performance.now();
+    await fn();
+    samples.push(performance.now() - t);
+  }
+  return samples;
+}
+
+/** Proportional set size of a process tree's members, in bytes. */
+function pssOf(pid: number): number {
+  try {
+    const line = readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8').split('\n').find((l) => l.startsWith('Pss:'));
+    return line ? Number(line.split(/\s+/)[1]) * 1024 : 0;
+  } catch {
+    return 0;
+  }
+}
+
+function memAvailable(): number {
+  const line = readFileSync('/proc/meminfo', 'utf8').split('\n').find((l) => l.startsWith('MemAvailable:'));
+  return Number(line!.split(/\s+/)[1]) * 1024;
+}
+
+async function dockerExec(o: Options): Promise<Summary | string> {
+  if (!o.docker) return 'skipped (--no-docker)';
+  let handle;
+  try {
+    handle = await ensureDocker(log);
+    await importImage(handle, HOST_IMAGE, hostImagePaths(), log);
+    const [cli, runArgs] = dockerCommand(handle, ['run', '-d', '--rm', '--network', 'none', HOST_IMAGE, '/usr/bin/sleep', 'infinity']);
+    const started = await exec(cli, runArgs, { timeoutMs: 60_000 });
+    if (started.code !== 0) return `docker run failed: ${started.stderr.trim()}`;
+    const id = started.stdout.trim();
+    try {
+      const [c, args] = dockerCommand(handle, ['exec', id, '/usr/bin/true']);
+      const samples = await timeMany(30, 3, async () => {
+        const r = await exec(c, args, { timeoutMs: 30_000 });
+        if (r.code !== 0) throw new Error(`docker exec failed: ${r.stderr}`);
+      });
+      return summarize(samples);
+    } finally {
+      const [c, args] = dockerCommand(handle, ['kill', id]);
+      await exec(c, args, { timeoutMs: 30_000 });
+    }
+  } catch (e) {
+    return `skipped: ${(e as Error).message}`;
+  } finally {
+    if (handle) await stopDocker(handle, log);
+  }
+}
+
+async function main(): Promise<void> {
+  const o = parseArgs(process.argv.slice(2));
+  const results: Record<string, unknown> = {};
+
+  log(`create + first command: ${o.iterations / 4} runs`);
+  const createSamples: number[] = [];
+  for (let i = 0; i < o.iterations / 4 + 3; i++) {
+    const t = performance.now();
+    const sb = await Sandbox.create();
+    await sb.exec(['true']);
+    const dt = performance.now() - t;
+    if (i >= 3) createSamples.push(dt);
+    await sb.close();
+  }
+  const create = summarize(createSamples);
+
+  const sb = await Sandbox.create();
+  log(`exec true: ${o.iterations} runs`);
+  const execTrue = summarize(await timeMany(o.iterations, 10, () => sb.exec(['true'])));
+  const session = await sb.shell();
+  log(`session.run('true'): ${o.iterations} runs`);
+  const sessionTrue = summarize(await timeMany(o.iterations, 10, () => session.run('true')));
+  await session.close();
+  await sb.close();
+
+  log(`${o.concurrent} sandboxes created concurrently`);
+  const memBefore = memAvailable();
+  const t0 = performance.now();
+  const many = await Promise.allSettled(Array.from({ length: o.concurrent }, () => Sandbox.create()));
+  const totalMs = performance.now() - t0;
+  const ok = many.filter((r): r is PromiseFulfilledResult<Sandbox> => r.status === 'fulfilled').map((r) => r.value);
+  const failed = many.filter((r) => r.status === 'rejected').map((r) => String((r as PromiseRejectedResult).reason));
+  await new Promise((r) => setTimeout(r, 500)); // let the kernel settle its accounting
+  const memPerSandbox = (memBefore - memAvailable()) / Math.max(1, ok.length);
+  const pssPerInit = ok.reduce((sum, s) => sum + pssOf(s.pid), 0) / Math.max(1, ok.length);
+  const answers = await Promise.all(ok.map((s) => s.exec(['true']).then((r) => r.exitCode === 0)));
+  await Promise.all(ok.map((s) => s.close()));
+
+  const docker = await dockerExec(o);
+
+  Object.assign(results, {
+    create,
+    execTrue,
+    sessionTrue,
+    docker,
+    concurrent: { requested: o.concurrent, created: ok.length, failed, totalMs, perSecond: (ok.length / totalMs) * 1000, allAnswered: answers.every(Boolean) },
+    memory: { perSandboxBytes: memPerSandbox, pssPerInitBytes: pssPerInit },
+  });
+  if (o.json) {
+    process.stdout.write(JSON.stringify(results, null, 2) + '\n');
+    return;
+  }
+  const row = (name: string, s: Summary) => [name, String(s.n), formatMs(s.median), formatMs(s.p95), formatMs(s.mean)];
+  const rows = [['', 'n', 'median', 'p95', 'mean'], row('Sandbox.create + first exec', create), row('exec true (running sandbox)', execTrue), row("session.run('true')", sessionTrue)];
+  if (typeof docker !== 'string') rows.push(row('docker exec true (running container)', docker));
+  const verdict = (ok: boolean) => (ok ? 'PASS' : 'FAIL');
+  const lines = [
+    `persistent sandboxes, node ${process.version}, kernel ${release()}, ${cpus().length} CPUs, load ${loadavg().map((l) => l.toFixed(2)).join(' ')}`,
+    '',
+    formatTable(rows),
+    '',
+    `create + first command median ${formatMs(create.median)} (target <= 15 ms): ${verdict(create.median <= 15)}`,
+    `exec true median ${formatMs(execTrue.median)} (target <= 2 ms): ${verdict(execTrue.median <= 2)}`,
+    typeof docker === 'string'
+      ? `docker exec: ${docker}`
+      : `docker exec median / exec median = ${formatRatio(docker.median / execTrue.median)} (target >= 20): ${verdict(docker.median / execTrue.median >= 20)}`,
+    `session.run('true') median ${formatMs(sessionTrue.median)} (target <= 2 ms): ${verdict(sessionTrue.median <= 2)}`,
+    `${o.concurrent} concurrent creates: ${ok.length} ok, ${failed.length} failed${failed.length ? ` (${failed[0]})` : ''}, ${(totalMs / 1000).toFixed(2)} s total, ${((ok.length / totalMs) * 1000).toFixed(0)} sandboxes/s, all answered: ${answers.every(Boolean)}`,
+    `memory per idle sandbox: ${(memPerSandbox / 1024 / 1024).toFixed(2)} MB by MemAvailable, ${(pssPerInit / 1024 / 1024).toFixed(2)} MB PSS of its PID 1 (target < 4 MB): ${verdict(memPerSandbox < 4 * 1024 * 1024)}`,
+  ];
+  process.stdout.write(lines.join('\n') + '\n');
+}
+
+main().catch((e) => {
+  process.stderr.write(`${(e as Error).stack}\n`);
+  process.exitCode = 1;
+});

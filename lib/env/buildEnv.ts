@@ -1,0 +1,218 @@
+/**
+ * Building an env: a venv made from a base interpreter and filled by the
+ * recipe's steps, plus optionally the repo, each packed as a store layer.
+ *
+ * The build runs inside a Sandbox, for two reasons. Isolation: install
+ * commands (setup.py, arbitrary `run` steps) see only the base interpreter
+ * (read-only), the venv, the repo and the inputs (read-only), with no
+ * network. Location: the venv is bound at `venvPath` and the repo at
+ * `repoPath`, the very paths every later sandbox mounts them at, so shebangs,
+ * `.pth` files and `pyvenv.cfg` are right without any relocation.
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import { promises as fsp } from 'node:fs';
+import path from 'node:path';
+import { packRepoLayer, scanForPrefix, type Layer, type LayerStore } from '../layers/index.js';
+import { removeTree } from '../layers/fsTree.js';
+import { Sandbox, type BindMount } from '../sandbox/index.js';
+import { EnvError } from './errors.js';
+import { basePythonMounts, venvVariables } from './layout.js';
+import { envFromManifest, envIdOf, envsDir, saveEnvManifest, type Env, type EnvManifest } from './manifest.js';
+import { packAsLayer } from './pack.js';
+import { resolvePython } from './python.js';
+import { DEFAULT_REPO_PATH, checkEnvPath, checkRecipe, type EnvRecipe, type EnvStep } from './recipe.js';
+
+export interface BuildEnvOptions {
+  store: LayerStore;
+  /** Scratch space for the build (default <store>/envs/build); a fresh subdirectory is used and removed. */
+  workRoot?: string;
+  /** Keep the .tar.zst archives in <store>/envs/archives (default true; extract mode needs them). */
+  keepArchives?: boolean;
+  /** Output of every build command, as it is produced. */
+  onOutput?: (step: string, text: string) => void;
+  /** Where the build sandbox keeps its private dir (Sandbox.create's stateDir). */
+  stateDir?: string;
+}
+
+/** Where build inputs are shown read-only inside the build sandbox. */
+const INPUTS = '/msbx-build';
+const PIP = ['-m', 'pip', 'install', '--no-index', '--no-build-isolation', '--no-deps', '--disable-pip-version-check', '--no-input'];
+
+function shellQuote(s: string): string {
+  return `'${s.replace(/'/g, `'\\''`)}'`;
+}
+
+function describeStep(step: EnvStep): string {
+  if ('package' in step) return `package ${step.package}`;
+  if ('editable' in step) return `editable ${step.editable}`;
+  if ('wheels' in step) return `wheels ${step.wheels}${step.packages ? ` (${step.packages.join(', ')})` : ''}`;
+  return `run ${JSON.stringify(step.run)}`;
+}
+
+/** The command a step runs in the build sandbox, and the input mount it needs. */
+function stepCommand(step: EnvStep, i: number, venvPath: string, repoPath: string | undefined): { argv: string[]; mount?: BindMount } {
+  const py = `${venvPath}/bin/python`;
+  if ('package' in step) {
+    // pip builds in the source tree (setuptools writes build/ and *.egg-info
+    // there), and the input is read-only: install from a private copy.
+    const input = `${INPUTS}/${i}`;
+    const copy = `/tmp/src/${i}-${path.basename(step.package)}`;
+    const script = `mkdir -p /tmp/src && cp -a ${shellQuote(input)} ${shellQuote(copy)} && exec ${shellQuote(py)} ${PIP.join(' ')} ${shellQuote(copy)}`;
+    return { argv: ['/bin/sh', '-c', script], mount: { type: 'bind', source: step.package, target: input, readOnly: true } };
+  }
+  if ('editable' in step) {
+    const dir = step.editable === '.' ? repoPath! : path.posix.join(repoPath!, step.editable);
+    return { argv: [py, ...PIP, '-e', dir] };
+  }
+  if ('wheels' in step) {
+    const input = `${INPUTS}/${i}`;
+    const mount: BindMount = { type: 'bind', source: step.wheels, target: input, readOnly: true };
+    if (step.packages) return { argv: [py, ...PIP, '--find-links', input, ...step.packages], mount };
+    const script = `set -- ${shellQuote(input)}/*.whl; [ -e "$1" ] || { echo "no *.whl files in ${step.wheels}" >&2; exit 1; }; exec ${shellQuote(py)} ${PIP.join(' ')} "$@"`;
+    return { argv: ['/bin/sh', '-c', script], mount };
+  }
+  return { argv: ['/bin/sh', '-c', step.run] };
+}
+
+function tail(text: string, lines = 25): string {
+  return text.trim().split('\n').slice(-lines).join('\n');
+}
+
+/**
+ * Build the env described by `recipe` into `opts.store` and record it
+ * (`loadEnv(env.id)` finds it later). Throws EnvError naming the failing step
+ * with the end of its output.
+ */
+export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promise<Env> {
+  const r = checkRecipe(recipe);
+  const python = resolvePython(r.python);
+  const label = `env${r.name ? ` ${r.name}` : ''}`;
+  const workRoot = path.resolve(opts.workRoot ?? path.join(envsDir(opts.store.root), 'build'));
+  await fsp.mkdir(workRoot, { recursive: true });
+  const work = await fsp.mkdtemp(path.join(workRoot, `${randomBytes(3).toString('hex')}-`));
+  try {
+    const venvDir = path.join(work, 'venv');
+    const repoDir = path.join(work, 'repo');
+    await fsp.mkdir(venvDir);
+    let commit: string | undefined;
+    if (r.repo) commit = (await packRepoLayer(r.repo.source, r.repo.commit, { dest: repoDir })).commit;
+
+    const commands = r.steps.map((s, i) => stepCommand(s, i, r.venvPath, r.repoPath));
+    const mounts: BindMount[] = [
+      ...basePythonMounts(python),
+      { type: 'bind', source: venvDir, target: r.venvPath },
+      ...(r.repoPath ? [{ type: 'bind' as const, source: repoDir, target: r.repoPath }] : []),
+      ...commands.flatMap((c) => (c.mount ? [c.mount] : [])),
+    ];
+    const sandbox = await Sandbox.create({
+      mounts,
+      env: { ...venvVariables(r.venvPath), PIP_NO_CACHE_DIR: '1', PIP_NO_INDEX: '1', ...r.env },
+      cwd: r.repoPath ?? '/tmp',
+      ...(opts.stateDir ? { stateDir: opts.stateDir } : {}),
+    });
+    try {
+      const runStep = async (what: string, argv: string[]): Promise<void> => {
+        const res = await sandbox.exec(argv, { timeout: r.stepTimeoutMs });
+        opts.onOutput?.(what, res.stdout + res.stderr);
+        if (res.exitCode !== 0)
+          throw new EnvError(`${label}: ${what} failed (${res.signal ? `signal ${res.signal}` : `exit ${res.exitCode}`}${res.timedOut ? ', timed out' : ''}):\n${tail(res.stderr || res.stdout)}`);
+      };
+      // The venv is made where it will be used: no path in it needs rewriting.
+      await runStep(`creating the venv at ${r.venvPath} with ${python.path}`, [python.path, '-m', 'venv', r.venvPath]);
+      for (const [i, c] of commands.entries()) await runStep(`step ${i} (${describeStep(r.steps[i]!)})`, c.argv);
+      await runStep('checking the venv', [`${r.venvPath}/bin/python`, '-c', `import sys; assert sys.prefix == ${JSON.stringify(r.venvPath)}, sys.prefix`]);
+    } finally {
+      await sandbox.close();
+    }
+
+    // Editable installs write repoPath into the venv; recorded so a moved repo can be followed.
+    const repoPrefixFiles = r.repoPath ? await scanForPrefix(venvDir, r.repoPath) : [];
+    const keep = opts.keepArchives ?? true;
+    const venv = await packAsLayer(venvDir, opts.store, { name: `${label} venv ${r.venvPath}`, prefix: r.venvPath, keepArchive: keep });
+    const repo = r.repo
+      ? await packAsLayer(repoDir, opts.store, { name: `${label} repo ${r.repo.source}@${commit}`, prefix: r.repoPath!, keepArchive: keep })
+      : undefined;
+    const rel = (p: string | undefined) => (p ? { archive: path.relative(envsDir(opts.store.root), p) } : {});
+    const body: Omit<EnvManifest, 'id' | 'created' | 'version' | 'name' | 'steps'> = {
+      python,
+      venvPath: r.venvPath,
+      venv: { digest: venv.layer.digest, ...rel(venv.archive), archiveBytes: venv.archiveBytes, repoPrefixFiles },
+      ...(repo && r.repo
+        ? { repoPath: r.repoPath!, repo: { digest: repo.layer.digest, ...rel(repo.archive), archiveBytes: repo.archiveBytes, source: r.repo.source, commit: commit! } }
+        : {}),
+    };
+    const manifest: EnvManifest = {
+      version: 1,
+      id: envIdOf(body),
+      ...(r.name !== undefined ? { name: r.name } : {}),
+      created: new Date().toISOString(),
+      ...body,
+      steps: r.steps,
+    };
+    await saveEnvManifest(opts.store.root, manifest);
+    return envFromManifest(manifest, opts.store);
+  } finally {
+    await removeTree(work).catch(() => undefined);
+  }
+}
+
+export interface BuildRepoOptions {
+  store: LayerStore;
+  /** Path the repo will have in sandboxes, recorded as the layer's prefix (default /testbed). */
+  repoPath?: string;
+  workRoot?: string;
+  keepArchive?: boolean;
+}
+
+export interface RepoLayer {
+  layer: Layer;
+  commit: string;
+  archive?: string;
+  archiveBytes: number;
+}
+
+/** Where buildRepo remembers which layer a (source, full commit sha, repoPath) became. */
+function repoCacheFile(storeRoot: string, source: string, commit: string, repoPath: string): string {
+  const key = createHash('sha256').update(JSON.stringify([source, commit.toLowerCase(), repoPath])).digest('hex');
+  return path.join(envsDir(storeRoot), 'repos', `${key}.json`);
+}
+
+/**
+ * Pack `repo` (a path or URL) at `commit` as a store layer (a
+ * self-contained, clean checkout). A clone's .git is not byte-reproducible
+ * (reflogs and the index hold times), so the same commit packed twice would
+ * be two layers: for a full 40-hex sha the layer is remembered and reused.
+ */
+export async function buildRepo(repo: string, commit: string, opts: BuildRepoOptions): Promise<RepoLayer> {
+  const repoPath = checkEnvPath('repoPath', opts.repoPath ?? DEFAULT_REPO_PATH);
+  const isUrl = /^[a-z][a-z0-9+.-]*:\/\//i.test(repo) || /^[^/]+@[^/]+:/.test(repo);
+  const source = isUrl ? repo : path.resolve(repo);
+  const cacheable = /^[0-9a-f]{40}$/i.test(commit);
+  const cacheFile = repoCacheFile(opts.store.root, source, commit, repoPath);
+  if (cacheable) {
+    try {
+      const cached = JSON.parse(await fsp.readFile(cacheFile, 'utf8')) as Omit<RepoLayer, 'layer'> & { digest: string };
+      const layer = await opts.store.get(cached.digest);
+      if (layer) return { layer, commit: cached.commit, archiveBytes: cached.archiveBytes, ...(cached.archive ? { archive: cached.archive } : {}) };
+    } catch {
+      // not built yet, or unreadable: build it
+    }
+  }
+  const workRoot = path.resolve(opts.workRoot ?? path.join(envsDir(opts.store.root), 'build'));
+  await fsp.mkdir(workRoot, { recursive: true });
+  const work = await fsp.mkdtemp(path.join(workRoot, 'repo-'));
+  try {
+    const info = await packRepoLayer(source, commit, { dest: path.join(work, 'repo') });
+    const packed = await packAsLayer(info.dir, opts.store, { name: `repo ${source}@${info.commit}`, prefix: repoPath, keepArchive: opts.keepArchive ?? true });
+    const result: RepoLayer = { layer: packed.layer, commit: info.commit, archiveBytes: packed.archiveBytes, ...(packed.archive ? { archive: packed.archive } : {}) };
+    if (cacheable) {
+      await fsp.mkdir(path.dirname(cacheFile), { recursive: true });
+      const tmp = `${cacheFile}.tmp-${process.pid}`;
+      await fsp.writeFile(tmp, JSON.stringify({ digest: packed.layer.digest, commit: info.commit, archiveBytes: packed.archiveBytes, archive: packed.archive }));
+      await fsp.rename(tmp, cacheFile);
+    }
+    return result;
+  } finally {
+    await removeTree(work).catch(() => undefined);
+  }
+}

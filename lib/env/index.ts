@@ -1,0 +1,28 @@
+/**
+ * Environment layers: venvs (and the repo they serve) built once into the
+ * layer store and stacked, with a private writable layer, into any number of
+ * sandboxes. See docs/environments.md.
+ */
+export { EnvError } from './errors.js';
+export { resolvePython, probePython, pythonCandidates, pyenvRoots, type BasePython } from './python.js';
+export { checkRecipe, checkEnvPath, DEFAULT_VENV_PATH, DEFAULT_REPO_PATH, type EnvRecipe, type EnvStep, type RepoSource, type CheckedRecipe } from './recipe.js';
+export {
+  loadEnv,
+  listEnvs,
+  envLayerDigests,
+  envsDir,
+  archiveFileFor,
+  type Env,
+  type EnvManifest,
+  type EnvLayerRecord,
+} from './manifest.js';
+export { buildEnv, buildRepo, type BuildEnvOptions, type BuildRepoOptions, type RepoLayer } from './buildEnv.js';
+export { packAsLayer, type PackedLayer } from './pack.js';
+export { basePythonMounts, venvVariables } from './layout.js';
+export {
+  createEnvSandbox,
+  EnvSandbox,
+  ENV_FILE_CAPABILITIES,
+  type EnvSandboxOptions,
+  type EnvSandboxSetup,
+} from './sandboxFromEnv.js';

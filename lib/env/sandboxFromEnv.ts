@@ -1,0 +1,163 @@
+/**
+ * A sandbox on an env: the repo at repoPath and the venv at venvPath, each
+ * with a private writable layer, the base interpreter at its own path, and
+ * the venv activated (PATH, VIRTUAL_ENV), starting in the repo.
+ *
+ * Writes, deletions and renames in one sandbox land in that sandbox's own
+ * upper (or extracted copy), never in the store or another sandbox.
+ */
+import path from 'node:path';
+import { IoBudget, type LayerStore } from '../layers/index.js';
+import {
+  Sandbox,
+  type Command,
+  type ExecOptions,
+  type ExecResult,
+  type Mount,
+  type ProcessOptions,
+  type SandboxCreateOptions,
+  type SandboxProcess,
+} from '../sandbox/index.js';
+import { FILE_CAPABILITIES } from '../sandbox/policy.js';
+import { EnvError } from './errors.js';
+import { basePythonMounts, venvVariables } from './layout.js';
+import type { Env } from './manifest.js';
+import { placeExtracted, placeOverlay, type Placement, type Rewrite } from './placeLayer.js';
+import { createPrivateTree, type PrivateTree } from './privateTree.js';
+import { checkEnvPath } from './recipe.js';
+
+/**
+ * Store layers are read-only (files 0444, dirs 0555) so that no host
+ * process can alter a shared, hard-linked inode. Inside the sandbox the
+ * caller is root but holds no capabilities by default, so without these it
+ * could not edit the repo it was given: every process of an env sandbox
+ * (shells included) gets them unless the caller names its own.
+ */
+export const ENV_FILE_CAPABILITIES = FILE_CAPABILITIES;
+
+export interface EnvSandboxOptions extends SandboxCreateOptions {
+  /** 'overlay' (default): mount the store's layers; 'extract': unpack private copies (the baseline). */
+  mode?: 'overlay' | 'extract';
+  /** Mount the venv here instead of where it was built (relocation). */
+  venvPath?: string;
+  /** Mount the repo here instead of where it was built (relocation). */
+  repoPath?: string;
+  /** The env's store: its I/O budget bounds extract-mode unpacking (default: the budget in <storeRoot>/budget). */
+  store?: LayerStore;
+}
+
+export interface EnvSandboxSetup {
+  mode: 'overlay' | 'extract';
+  /** Milliseconds spent unpacking archives (extract mode). */
+  extractMs: number;
+  /** Files rewritten for relocation, per layer. */
+  rewritten: { venv: string[]; repo: string[] };
+  /** Total time of createEnvSandbox, ms. */
+  totalMs: number;
+}
+
+export class EnvSandbox implements AsyncDisposable {
+  constructor(
+    readonly sandbox: Sandbox,
+    readonly env: Env,
+    readonly venvPath: string,
+    readonly repoPath: string | undefined,
+    readonly setup: EnvSandboxSetup,
+    private readonly scratch: PrivateTree | undefined,
+  ) {}
+
+  get id(): string {
+    return this.sandbox.id;
+  }
+
+  /** Runs a command in the env (venv active, cwd the repo); see Sandbox.exec. */
+  exec(cmd: Command, opts: ExecOptions & { encoding: 'buffer' }): Promise<ExecResult<Buffer>>;
+  exec(cmd: Command, opts?: ExecOptions): Promise<ExecResult<string>>;
+  exec(cmd: Command, opts: ExecOptions = {}): Promise<ExecResult<string | Buffer>> {
+    return this.sandbox.exec(cmd, opts);
+  }
+
+  spawn(cmd: Command, opts: Omit<ProcessOptions, 'argv'> = {}): SandboxProcess {
+    return this.sandbox.spawn(cmd, opts);
+  }
+
+  /** Closes the sandbox, then removes the extracted or relocated private trees. */
+  async close(): Promise<void> {
+    await this.sandbox.close();
+    await this.scratch?.remove();
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+}
+
+/**
+ * Starts a sandbox on `env`. In overlay mode (default) setup is a few mounts,
+ * whatever the env's size; moving the venv or the repo to another path
+ * rewrites only the files the manifest lists, in a private upper layer. In
+ * extract mode every layer is unpacked into a private tree first.
+ */
+export async function createEnvSandbox(env: Env, opts: EnvSandboxOptions = {}): Promise<EnvSandbox> {
+  const started = performance.now();
+  const { mode = 'overlay', venvPath: venvOpt, repoPath: repoOpt, store, capabilities = ENV_FILE_CAPABILITIES, ...sandboxOpts } = opts;
+  if (mode !== 'overlay' && mode !== 'extract') throw new EnvError(`env ${env.id}: mode ${JSON.stringify(mode)} must be 'overlay' or 'extract'`);
+  const venvPath = venvOpt !== undefined ? checkEnvPath('venvPath', venvOpt) : env.venvPath;
+  const repoPath = env.repo ? (repoOpt !== undefined ? checkEnvPath('repoPath', repoOpt) : env.repoPath) : undefined;
+  if (repoOpt !== undefined && !env.repo) throw new EnvError(`env ${env.id}: repoPath given but the env has no repo`);
+
+  // What to rewrite in each layer when it moves (both lists come from the build).
+  const venvRewrites: Rewrite[] = [{ from: env.venvPath, to: venvPath, files: env.venv.manifest.prefixFiles ?? [] }];
+  if (env.repoPath && repoPath) venvRewrites.push({ from: env.repoPath, to: repoPath, files: env.manifest.venv.repoPrefixFiles });
+  const repoRewrites: Rewrite[] = env.repo && env.repoPath && repoPath ? [{ from: env.repoPath, to: repoPath, files: env.repo.manifest.prefixFiles ?? [] }] : [];
+
+  let scratch: PrivateTree | undefined;
+  const scratchDir = async (name: string): Promise<string> => {
+    scratch ??= createPrivateTree(sandboxOpts.stateDir);
+    return path.join(scratch.dir, name);
+  };
+  try {
+    const placed: { venv?: Placement; repo?: Placement } = {};
+    let extractMs = 0;
+    if (mode === 'overlay') {
+      placed.venv = await placeOverlay(env.venv, venvPath, venvRewrites, () => scratchDir('venv'));
+      if (env.repo && repoPath) placed.repo = await placeOverlay(env.repo, repoPath, repoRewrites, () => scratchDir('repo'));
+    } else {
+      const budget = store?.budget ?? new IoBudget({ dir: path.join(env.storeRoot, 'budget') });
+      const v = await placeExtracted(env.venv, env.archives.venv, venvPath, venvRewrites, await scratchDir('venv'), budget);
+      placed.venv = v;
+      extractMs += v.extractMs;
+      if (env.repo && repoPath) {
+        const r = await placeExtracted(env.repo, env.archives.repo, repoPath, repoRewrites, await scratchDir('repo'), budget);
+        placed.repo = r;
+        extractMs += r.extractMs;
+      }
+    }
+    const layers = [placed.repo, placed.venv].filter((p): p is Placement => p !== undefined);
+    const mounts: Mount[] = [
+      ...basePythonMounts(env.python, sandboxOpts.root ?? 'host'),
+      ...layers.flatMap((p) => (p.mount ? [p.mount] : [])),
+      ...(sandboxOpts.mounts ?? []),
+    ];
+    const overlays = [...layers.flatMap((p) => (p.overlay ? [p.overlay] : [])), ...(sandboxOpts.overlays ?? [])];
+    const sandbox = await Sandbox.create({
+      ...sandboxOpts,
+      capabilities,
+      mounts,
+      overlays,
+      env: { ...venvVariables(venvPath), ...sandboxOpts.env },
+      ...(sandboxOpts.cwd ?? repoPath ? { cwd: sandboxOpts.cwd ?? repoPath } : {}),
+    });
+    const setup: EnvSandboxSetup = {
+      mode,
+      extractMs,
+      rewritten: { venv: placed.venv?.rewritten ?? [], repo: placed.repo?.rewritten ?? [] },
+      totalMs: performance.now() - started,
+    };
+    return new EnvSandbox(sandbox, env, venvPath, repoPath, setup, scratch);
+  } catch (err) {
+    await (scratch as PrivateTree | undefined)?.remove().catch(() => undefined);
+    if (err instanceof EnvError) throw err;
+    throw new EnvError(`env ${env.id}: cannot start a sandbox (${mode}): ${(err as Error).message}`, { cause: err });
+  }
+}

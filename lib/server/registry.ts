@@ -1,0 +1,182 @@
+/**
+ * The sandboxes a server owns: created on request (or lazily, for the
+ * default one served at the root paths), each with its named shell
+ * sessions, counted against a maximum, closed on DELETE or server stop.
+ */
+import { Sandbox, type SandboxCreateOptions } from '../sandbox/index.js';
+import { SessionDoesNotExistError, SessionExistsError, type ShellSession } from '../shell/index.js';
+import { HttpError } from './http.js';
+import { pyRepr } from './python.js';
+
+/** One sandbox and the SWE-ReX sessions opened in it. */
+export class ManagedSandbox {
+  readonly created = new Date();
+  readonly #sessions = new Map<string, ShellSession>();
+  /** Names whose shell is still starting: a second create_session must fail, not race. */
+  readonly #starting = new Set<string>();
+
+  constructor(
+    readonly sandbox: Sandbox,
+    readonly isDefault: boolean,
+  ) {}
+
+  get id(): string {
+    return this.sandbox.id;
+  }
+
+  get sessionNames(): string[] {
+    return [...this.#sessions.keys()];
+  }
+
+  /**
+   * Opens a named session. SWE-ReX raises SessionExistsError for a taken
+   * name; a session whose shell has exited (`exit` typed) no longer holds
+   * its name, since it could never run anything again.
+   */
+  async openSession(name: string, start: () => Promise<ShellSession>): Promise<ShellSession> {
+    const existing = this.#sessions.get(name);
+    if (existing?.isClosed) this.#sessions.delete(name);
+    if (this.#sessions.has(name) || this.#starting.has(name)) {
+      throw new SessionExistsError(`session ${name} already exists`);
+    }
+    this.#starting.add(name);
+    try {
+      const session = await start();
+      this.#sessions.set(name, session);
+      return session;
+    } finally {
+      this.#starting.delete(name);
+    }
+  }
+
+  session(name: string): ShellSession {
+    const s = this.#sessions.get(name);
+    if (!s) throw new SessionDoesNotExistError(`session ${pyRepr(name)} does not exist`);
+    return s;
+  }
+
+  async closeSession(name: string): Promise<void> {
+    const s = this.session(name);
+    this.#sessions.delete(name);
+    await s.close();
+  }
+
+  /** POST /close: every session ends; the sandbox and its files stay. */
+  async closeAllSessions(): Promise<void> {
+    const all = [...this.#sessions.values()];
+    this.#sessions.clear();
+    await Promise.all(all.map((s) => s.close()));
+  }
+
+  async close(): Promise<void> {
+    await this.closeAllSessions().catch(() => {});
+    await this.sandbox.close();
+  }
+
+  describe(baseUrl: string): Record<string, unknown> {
+    return {
+      id: this.id,
+      url: `${baseUrl}/sandboxes/${this.id}`,
+      default: this.isDefault,
+      hostname: this.sandbox.hostname,
+      created: this.created.toISOString(),
+      alive: !this.sandbox.closed,
+      sessions: this.sessionNames,
+      limits: this.sandbox.limits,
+    };
+  }
+}
+
+export interface RegistryOptions {
+  /** Most sandboxes alive at once, the default one included. Default: no limit. */
+  maxSandboxes?: number;
+  /** Options every sandbox starts from; a request's fields override them. */
+  sandboxDefaults?: SandboxCreateOptions;
+  /** Injectable for tests; default Sandbox.create. */
+  createSandbox?: (opts: SandboxCreateOptions) => Promise<Sandbox>;
+}
+
+export class SandboxRegistry {
+  readonly #byId = new Map<string, ManagedSandbox>();
+  /** Creations in flight count against the maximum too. */
+  #pending = 0;
+  #default: Promise<ManagedSandbox> | null = null;
+  #closed = false;
+  readonly #create: (opts: SandboxCreateOptions) => Promise<Sandbox>;
+
+  constructor(private readonly options: RegistryOptions = {}) {
+    this.#create = options.createSandbox ?? ((o) => Sandbox.create(o));
+  }
+
+  get size(): number {
+    return this.#byId.size;
+  }
+
+  list(): ManagedSandbox[] {
+    return [...this.#byId.values()];
+  }
+
+  get(id: string): ManagedSandbox {
+    const m = this.#byId.get(id);
+    if (!m) throw HttpError.detail(404, `no sandbox with id ${JSON.stringify(id)}`);
+    return m;
+  }
+
+  async create(request: SandboxCreateOptions = {}, isDefault = false): Promise<ManagedSandbox> {
+    if (this.#closed) throw HttpError.detail(503, 'server is shutting down');
+    const max = this.options.maxSandboxes;
+    if (max !== undefined && this.#byId.size + this.#pending >= max) {
+      throw HttpError.detail(429, `sandbox limit reached: ${max} sandboxes are in use; DELETE /sandboxes/<id> one first`, {
+        'retry-after': '1',
+      });
+    }
+    this.#pending++;
+    let sandbox: Sandbox;
+    try {
+      const defaults = this.options.sandboxDefaults ?? {};
+      sandbox = await this.#create({
+        ...defaults,
+        ...request,
+        env: { ...defaults.env, ...request.env },
+        limits: { ...defaults.limits, ...request.limits },
+      });
+    } finally {
+      this.#pending--;
+    }
+    const managed = new ManagedSandbox(sandbox, isDefault);
+    if (this.#closed) {
+      await sandbox.close();
+      throw HttpError.detail(503, 'server is shutting down');
+    }
+    this.#byId.set(managed.id, managed);
+    return managed;
+  }
+
+  /**
+   * The sandbox behind the root paths, created by the first request that
+   * needs it (so a server used only through /sandboxes/<id> holds none),
+   * and again after it was deleted.
+   */
+  default(): Promise<ManagedSandbox> {
+    this.#default ??= this.create({}, true).catch((e: unknown) => {
+      this.#default = null; // let a later request try again
+      throw e;
+    });
+    return this.#default;
+  }
+
+  async delete(id: string): Promise<void> {
+    const m = this.get(id);
+    this.#byId.delete(id);
+    if (m.isDefault) this.#default = null;
+    await m.close();
+  }
+
+  async closeAll(): Promise<void> {
+    this.#closed = true;
+    const all = [...this.#byId.values()];
+    this.#byId.clear();
+    this.#default = null;
+    await Promise.all(all.map((m) => m.close().catch(() => {})));
+  }
+}

@@ -1,0 +1,263 @@
+/**
+ * `startServer()`: a SWE-ReX-compatible HTTP server over MiniSandbox.
+ *
+ * Routes (all behind X-API-Key):
+ * - `POST /sandboxes`, `GET /sandboxes`, `GET|DELETE /sandboxes/<id>`: management.
+ * - `/sandboxes/<id>/<endpoint>`: the SWE-ReX endpoints of that sandbox.
+ * - `/<endpoint>` at the root: the same on a default sandbox, created by the
+ *   first request that needs it, so an unmodified client pointed at
+ *   `http://host:port` just works.
+ *
+ * Every handler is asynchronous (sandboxed processes, pty sessions), so a
+ * long command in one session never delays another request.
+ */
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { ConfigError } from '../sandbox/errors.js';
+import type { SandboxCreateOptions } from '../sandbox/index.js';
+import { SwerexError } from '../shell/errors.js';
+import { ApiKeyCheck, HttpError, ReplayCache, jsonReply, readBody, sendReply, type JsonReply } from './http.js';
+import {
+  parseAction,
+  parseCloseSession,
+  parseCommand,
+  parseCreateSandbox,
+  parseCreateSession,
+  parseJsonBody,
+  parseReadFile,
+  parseUploadForm,
+  parseWriteFile,
+  validationError,
+} from './models.js';
+import { multipartBoundary, parseMultipart } from './multipart.js';
+import { PythonError } from './python.js';
+import { SandboxRegistry, type ManagedSandbox } from './registry.js';
+import * as swerex from './swerex.js';
+
+export interface ServerOptions {
+  /** Default 127.0.0.1. */
+  host?: string;
+  /** Default 8000; 0 picks a free port. */
+  port?: number;
+  /** Required X-API-Key value; '' disables authentication (as SWE-ReX). */
+  authToken: string;
+  /** Most sandboxes alive at once, the default one included (default: no limit). */
+  maxSandboxes?: number;
+  /** Largest JSON body (default 16 MiB). */
+  maxBodyBytes?: number;
+  /** Largest /upload body (default 512 MiB). */
+  maxUploadBytes?: number;
+  /** Largest total size a zip upload may unpack to (default 2 GiB). */
+  maxUnzippedBytes?: number;
+  /** Options every sandbox is created with; POST /sandboxes fields override them. */
+  sandboxDefaults?: SandboxCreateOptions;
+  /** Remembered X-Request-ID replies (default 1024). */
+  replayCacheEntries?: number;
+}
+
+export interface RunningServer {
+  /** `http://host:port`, the base URL of the default sandbox. */
+  url: string;
+  port: number;
+  readonly registry: SandboxRegistry;
+  /** Stops accepting requests and closes every sandbox. */
+  close(): Promise<void>;
+}
+
+/** The SWE-ReX endpoints ('' is `GET /`). */
+const SWEREX_ROUTES = new Set(['', 'is_alive', 'create_session', 'run_in_session', 'close_session', 'execute', 'read_file', 'write_file', 'upload', 'close']);
+
+interface Context {
+  registry: SandboxRegistry;
+  baseUrl: string;
+  maxBodyBytes: number;
+  maxUploadBytes: number;
+  zipLimits: { maxEntries: number; maxUncompressedBytes: number };
+}
+
+function methodNotAllowed(): HttpError {
+  return HttpError.detail(405, 'Method Not Allowed');
+}
+
+function notFound(): HttpError {
+  return HttpError.detail(404, 'Not Found');
+}
+
+/** Any failure of a SWE-ReX endpoint is an HTTP 511 the Python client re-raises. */
+function swerexReply(e: unknown): JsonReply {
+  if (e instanceof HttpError) return jsonReply(e.status, e.body, e.headers);
+  let exc: SwerexError;
+  if (e instanceof SwerexError) exc = e;
+  else if (e instanceof ConfigError) exc = new PythonError('builtins.ValueError', e.message);
+  else exc = new PythonError('builtins.RuntimeError', e instanceof Error ? `${e.name}: ${e.message}` : String(e));
+  if (!(e instanceof SwerexError) && e instanceof Error && e.stack) Object.assign(exc, { stack: e.stack });
+  return jsonReply(511, { swerexception: exc.toSwerexException() });
+}
+
+async function jsonBody(req: IncomingMessage, ctx: Context): Promise<unknown> {
+  return parseJsonBody(await readBody(req, ctx.maxBodyBytes));
+}
+
+/** One SWE-ReX endpoint on `target` (null: the default sandbox, not created yet). */
+async function handleSwerex(
+  endpoint: string,
+  req: IncomingMessage,
+  ctx: Context,
+  target: () => Promise<ManagedSandbox>,
+  existing: ManagedSandbox | null,
+): Promise<JsonReply> {
+  const method = req.method ?? 'GET';
+  const wantGet = endpoint === '' || endpoint === 'is_alive';
+  if (wantGet !== (method === 'GET' || method === 'HEAD')) throw methodNotAllowed();
+  // Liveness and hello never create the default sandbox: probes poll them.
+  if (endpoint === '') return jsonReply(200, { message: 'hello world' });
+  if (endpoint === 'is_alive') return jsonReply(200, swerex.isAlive(existing));
+  if (endpoint === 'close') {
+    // The client sends no body; drain whatever came.
+    await readBody(req, ctx.maxBodyBytes);
+    return jsonReply(200, await swerex.close(existing));
+  }
+  try {
+    let result: Record<string, unknown>;
+    if (endpoint === 'upload') {
+      const boundary = multipartBoundary(req.headers['content-type']);
+      const form = parseUploadForm(parseMultipart(await readBody(req, ctx.maxUploadBytes), boundary));
+      result = await swerex.upload(await target(), form, ctx.zipLimits);
+    } else {
+      const body = await jsonBody(req, ctx);
+      switch (endpoint) {
+        case 'create_session':
+          result = await swerex.createSession(await target(), parseCreateSession(body));
+          break;
+        case 'run_in_session':
+          result = await swerex.runInSession(await target(), parseAction(body));
+          break;
+        case 'close_session':
+          result = await swerex.closeSession(await target(), parseCloseSession(body));
+          break;
+        case 'execute':
+          result = await swerex.execute(await target(), parseCommand(body));
+          break;
+        case 'read_file':
+          result = await swerex.readFile(await target(), parseReadFile(body));
+          break;
+        case 'write_file':
+          result = await swerex.writeFile(await target(), parseWriteFile(body));
+          break;
+        default:
+          throw notFound();
+      }
+    }
+    return jsonReply(200, result);
+  } catch (e) {
+    return swerexReply(e);
+  }
+}
+
+async function handleManagement(rest: string[], trailingSlash: boolean, req: IncomingMessage, ctx: Context): Promise<JsonReply> {
+  const method = req.method ?? 'GET';
+  if (rest.length === 0) {
+    if (method === 'GET') return jsonReply(200, { sandboxes: ctx.registry.list().map((m) => m.describe(ctx.baseUrl)) });
+    if (method !== 'POST') throw methodNotAllowed();
+    const raw = await readBody(req, ctx.maxBodyBytes);
+    const request = parseCreateSandbox(raw.toString('utf8').trim() === '' ? undefined : parseJsonBody(raw));
+    let managed: ManagedSandbox;
+    try {
+      managed = await ctx.registry.create(request);
+    } catch (e) {
+      if (e instanceof ConfigError) {
+        throw validationError([{ type: 'value_error', loc: ['body', ...(e.option ?? '').split('.').filter(Boolean)], msg: e.message, input: null }]);
+      }
+      throw e;
+    }
+    return jsonReply(200, { id: managed.id, url: `${ctx.baseUrl}/sandboxes/${managed.id}` });
+  }
+  const managed = ctx.registry.get(decodeURIComponent(rest[0]!));
+  // `<base>/` is the SWE-ReX root (hello world); `<base>` without the slash inspects.
+  if (rest.length === 1 && trailingSlash) return handleSwerex('', req, ctx, async () => managed, managed);
+  if (rest.length === 1) {
+    if (method === 'GET') return jsonReply(200, managed.describe(ctx.baseUrl));
+    if (method !== 'DELETE') throw methodNotAllowed();
+    await ctx.registry.delete(managed.id);
+    return jsonReply(200, { id: managed.id, closed: true });
+  }
+  if (rest.length !== 2 || !SWEREX_ROUTES.has(rest[1]!)) throw notFound();
+  return handleSwerex(rest[1]!, req, ctx, async () => managed, managed);
+}
+
+async function route(req: IncomingMessage, ctx: Context): Promise<JsonReply> {
+  const path = new URL(req.url ?? '/', 'http://x').pathname;
+  const parts = path.split('/').filter((p) => p !== '');
+  if (parts[0] === 'sandboxes') return handleManagement(parts.slice(1), path.endsWith('/'), req, ctx);
+  const endpoint = parts.join('/');
+  if (!SWEREX_ROUTES.has(endpoint)) throw notFound();
+  const existing = ctx.registry.list().find((m) => m.isDefault) ?? null;
+  return handleSwerex(endpoint, req, ctx, () => ctx.registry.default(), existing);
+}
+
+export async function startServer(options: ServerOptions): Promise<RunningServer> {
+  if (typeof options.authToken !== 'string') throw new TypeError('startServer: authToken is required (use "" to disable authentication)');
+  const host = options.host ?? '127.0.0.1';
+  const registry = new SandboxRegistry({ maxSandboxes: options.maxSandboxes, sandboxDefaults: options.sandboxDefaults });
+  const auth = new ApiKeyCheck(options.authToken);
+  const replay = new ReplayCache(options.replayCacheEntries ?? 1024);
+  const ctx: Context = {
+    registry,
+    baseUrl: '',
+    maxBodyBytes: options.maxBodyBytes ?? 16 * 1024 * 1024,
+    maxUploadBytes: options.maxUploadBytes ?? 512 * 1024 * 1024,
+    zipLimits: { maxEntries: 100_000, maxUncompressedBytes: options.maxUnzippedBytes ?? 2 * 1024 ** 3 },
+  };
+
+  const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
+    let reply: JsonReply;
+    try {
+      auth.verify(req);
+      const requestId = req.headers['x-request-id'];
+      const method = req.method ?? 'GET';
+      if (typeof requestId === 'string' && requestId !== '' && method !== 'GET' && method !== 'HEAD') {
+        // The key includes the route: ids are the client's, not ours to trust as globally unique.
+        reply = await replay.run(`${method} ${req.url} ${requestId}`, () => route(req, ctx).catch(errorReply));
+        // A replayed answer never read this request's body: drain it.
+        if (!req.readableEnded) req.resume();
+      } else {
+        reply = await route(req, ctx);
+      }
+    } catch (e) {
+      reply = errorReply(e);
+    }
+    sendReply(res, reply);
+  };
+
+  const server: Server = createServer({ requestTimeout: 60 * 60 * 1000 }, (req, res) => void handle(req, res));
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(options.port ?? 8000, host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const port = (server.address() as AddressInfo).port;
+  const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
+  ctx.baseUrl = url;
+  let closing: Promise<void> | null = null;
+  return {
+    url,
+    port,
+    registry,
+    close: () =>
+      (closing ??= (async () => {
+        const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
+        await registry.closeAll();
+        server.closeAllConnections();
+        await stopped;
+      })()),
+  };
+}
+
+/** Errors outside a SWE-ReX handler: HTTP errors as they are, anything else a 500. */
+function errorReply(e: unknown): JsonReply {
+  if (e instanceof HttpError) return jsonReply(e.status, e.body, e.headers);
+  const message = e instanceof Error ? `${e.name}: ${e.message}` : String(e);
+  return jsonReply(500, { detail: message });
+}
