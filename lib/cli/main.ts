@@ -6,16 +6,20 @@ import { DOCTOR_HELP, doctorCommand } from './commands/doctor.js';
 import { RUN_HELP, runCommand } from './commands/run.js';
 import { GC_HELP, gcCommand } from './commands/gc.js';
 import { SERVE_HELP, serveCommand } from '../server/cli.js';
+import { DEMO_HELP, EVAL_HELP, PREPARE_HELP, demoCommand, evalCommand, prepareCommand } from '../swe/cli.js';
 
 const HELP = `Usage: minisandbox COMMAND [OPTIONS]
 
 Container-free sandboxes for software-engineering agents.
 
 Commands:
+  demo     Prepare and evaluate the built-in SWE task set (no network needed)
+  prepare  Build the environments a SWE-bench-style task set needs
+  eval     Evaluate patches (predictions) on a task set, one sandbox each
+  serve    Serve sandboxes over SWE-ReX's HTTP protocol
   run      Run a command in a new sandbox (bubblewrap-like options)
   doctor   Check which kernel features work on this machine, and why not
   gc       Remove what sandboxes of dead processes left behind
-  serve    Serve sandboxes over SWE-ReX's HTTP protocol
 
 Run 'minisandbox COMMAND --help' for a command's options.
 `;
@@ -25,6 +29,9 @@ const COMMANDS: Record<string, { run: (args: string[]) => Promise<number>; help:
   doctor: { run: doctorCommand, help: DOCTOR_HELP },
   gc: { run: gcCommand, help: GC_HELP },
   serve: { run: serveCommand, help: SERVE_HELP },
+  prepare: { run: prepareCommand, help: PREPARE_HELP },
+  eval: { run: evalCommand, help: EVAL_HELP },
+  demo: { run: demoCommand, help: DEMO_HELP },
 };
 
 export async function main(argv: string[]): Promise<number> {

@@ -97,14 +97,15 @@ it(`uses ${N} sandboxes concurrently while one runs a 10 s command; is_alive sta
   // On a small machine (CI: 2 cores) the burst of 31 clients plus their
   // shells can starve the whole server process for a moment; that is CPU
   // scheduling, not a blocked event loop, so the bound is on the 95th
-  // percentile, with a looser ceiling on the worst probe.
+  // percentile, with a looser ceiling on the worst probe. (A blocked loop
+  // would show the 10 s of the long command, far above either bound.)
   const sorted = [...probes].sort((a, b) => a - b);
-  expect(sorted[Math.floor(sorted.length * 0.95)]!).toBeLessThan(200);
-  expect(sorted.at(-1)!).toBeLessThan(1000);
+  expect(sorted[Math.floor(sorted.length * 0.95)]!).toBeLessThan(500);
+  expect(sorted.at(-1)!).toBeLessThan(2000);
 
   // The busy session is still busy: the others never waited for it.
   const lateProbe = await get(`${bases[0]}/is_alive`);
-  expect(lateProbe.ms).toBeLessThan(200);
+  expect(lateProbe.ms).toBeLessThan(500);
   const r = await long;
   expect(r.body).toMatchObject({ output: 'done\n', exit_code: 0 });
   expect(Date.now() - t0).toBeGreaterThanOrEqual(10_000);
