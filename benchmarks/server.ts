@@ -7,7 +7,7 @@
  * each at 1 and at 32 concurrent clients (one sandbox and session per
  * client for `run`). Usage:
  *
- *   node dist/benchmarks/server.js [--iterations N] [--clients 1,32] [--json]
+ *   node dist/benchmarks/server.js [--iterations N] [--clients 1,32] [--no-docker] [--json]
  *
  * The HTTP client is Node's fetch in this process, so the server figures
  * include one client's cost too (the Python client's aiohttp is slower).
@@ -15,23 +15,27 @@
 import { Sandbox } from '../lib/sandbox/index.js';
 import { startServer } from '../lib/server/index.js';
 import type { ShellSession } from '../lib/shell/index.js';
+import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
+import { exec } from './lib/proc.js';
 import { formatMs, formatRatio, formatTable, summarize, type Summary } from './lib/stats.js';
 
 interface Options {
   iterations: number;
   clients: number[];
+  docker: boolean;
   json: boolean;
 }
 
 function parseArgs(argv: string[]): Options {
-  const opts: Options = { iterations: 100, clients: [1, 32], json: false };
+  const opts: Options = { iterations: 100, clients: [1, 32], json: false, docker: true };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
     if (arg === '--json') opts.json = true;
     else if (arg === '--iterations') opts.iterations = Number(argv[++i]);
     else if (arg === '--clients') opts.clients = (argv[++i] ?? '').split(',').map(Number);
+    else if (arg === '--no-docker') opts.docker = false;
     else {
-      console.error('usage: node dist/benchmarks/server.js [--iterations N] [--clients 1,32] [--json]');
+      console.error('usage: node dist/benchmarks/server.js [--iterations N] [--clients 1,32] [--no-docker] [--json]');
       process.exit(2);
     }
   }
@@ -125,6 +129,7 @@ async function main(): Promise<void> {
   } finally {
     await server.close();
   }
+  if (opts.docker) rows.push(...(await dockerCreate(opts)));
 
   if (opts.json) {
     process.stdout.write(JSON.stringify(rows, null, 2) + '\n');
@@ -147,6 +152,49 @@ async function main(): Promise<void> {
     }
   }
   console.log(formatTable(ratio));
+  const dockerRows = rows.filter((r) => r.name.startsWith('docker'));
+  if (dockerRows.length) {
+    console.log('\nSandbox creation through the server vs a container (docker run -d of the same files):');
+    const vs: string[][] = [['clients', 'docker / POST /sandboxes (median)', 'p95']];
+    for (const d of dockerRows) {
+      const h = rows.find((r) => r.name === 'POST /sandboxes HTTP' && r.clients === d.clients)?.summary;
+      if (h) vs.push([String(d.clients), formatRatio(d.summary.median / h.median), formatRatio(d.summary.p95 / h.p95)]);
+    }
+    console.log(formatTable(vs));
+  } else if (opts.docker) {
+    console.log(`\ndocker: ${dockerSkipped}`);
+  }
+}
+
+let dockerSkipped = 'not measured';
+
+/** `docker run -d` of the host-files image, at the same client counts. */
+async function dockerCreate(opts: Options): Promise<Row[]> {
+  let handle;
+  const rows: Row[] = [];
+  try {
+    handle = await ensureDocker(log);
+    await importImage(handle, HOST_IMAGE, hostImagePaths(), log);
+    for (const clients of opts.clients) {
+      const perClient = Math.max(2, Math.ceil(opts.iterations / clients / 8));
+      log(`docker run -d: ${clients} client(s) x ${perClient}`);
+      const ids: string[] = [];
+      const samples = await measure(clients, perClient, async () => {
+        const [cli, args] = dockerCommand(handle!, ['run', '-d', '--rm', '--network', 'none', HOST_IMAGE, '/usr/bin/sleep', 'infinity']);
+        const r = await exec(cli, args, { timeoutMs: 120_000 });
+        if (r.code !== 0) throw new Error(`docker run failed: ${r.stderr.trim()}`);
+        ids.push(r.stdout.trim());
+      });
+      rows.push({ name: 'docker run -d (container)', clients, summary: summarize(samples) });
+      const [cli, args] = dockerCommand(handle, ['kill', ...ids]);
+      await exec(cli, args, { timeoutMs: 120_000 });
+    }
+  } catch (e) {
+    dockerSkipped = `skipped: ${(e as Error).message}`;
+  } finally {
+    if (handle) await stopDocker(handle, log);
+  }
+  return rows;
 }
 
 main().catch((e: unknown) => {

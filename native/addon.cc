@@ -292,13 +292,8 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   if (!Prepare(env, info[0].As<Napi::Object>(), p, false)) return env.Undefined();
   const Plan& plan = p.plan;
 
-  uint64_t flags = CLONE_NEWNS;
-  if (plan.namespaces & NS_USER) flags |= CLONE_NEWUSER;
-  if (plan.namespaces & NS_PID) flags |= CLONE_NEWPID;
-  if (plan.namespaces & NS_IPC) flags |= CLONE_NEWIPC;
-  if (plan.namespaces & NS_UTS) flags |= CLONE_NEWUTS;
-  if (plan.namespaces & NS_NET) flags |= CLONE_NEWNET;
-  if (plan.namespaces & NS_CGROUP) flags |= CLONE_NEWCGROUP;
+  // The mount namespace always: ReadPlan refuses a plan without it.
+  uint64_t flags = NamespaceCloneFlags(plan.namespaces) | CLONE_NEWNS;
 
   ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], -1, -1, p.stacks.a(), p.stacks.b()};
   int pidfd = -1;

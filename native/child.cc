@@ -953,15 +953,7 @@ int MonitorEntry(void*) { RunMonitorProcess(); }
   StartChild(plan, fds);
   // One call joins every namespace of the sandbox's PID 1, the user
   // namespace first; the mount namespace brings its root and cwd.
-  int flags = 0;
-  if (plan.namespaces & NS_USER) flags |= CLONE_NEWUSER;
-  if (plan.namespaces & NS_MOUNT) flags |= CLONE_NEWNS;
-  if (plan.namespaces & NS_PID) flags |= CLONE_NEWPID;
-  if (plan.namespaces & NS_IPC) flags |= CLONE_NEWIPC;
-  if (plan.namespaces & NS_UTS) flags |= CLONE_NEWUTS;
-  if (plan.namespaces & NS_NET) flags |= CLONE_NEWNET;
-  if (plan.namespaces & NS_CGROUP) flags |= CLONE_NEWCGROUP;
-  if (setns(target_pidfd, flags) < 0) Fail(Step::Setns);
+  if (setns(target_pidfd, static_cast<int>(NamespaceCloneFlags(plan.namespaces))) < 0) Fail(Step::Setns);
 
   // The monitor is born inside the sandbox's PID namespace (only children
   // enter it) and, with CLONE_PARENT, as a child of Node itself: Node can

@@ -5,6 +5,8 @@
 // use is built here, in the parent, and the child only reads it.
 #pragma once
 
+#include <sched.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -58,6 +60,20 @@ enum NsFlag : uint32_t {
   NS_NET = 1u << 5,
   NS_CGROUP = 1u << 6,
 };
+
+// CLONE_NEW* flags for a set of NsFlag bits: what clone3() creates for a
+// new sandbox, and what setns() joins for a command in a running one.
+inline uint64_t NamespaceCloneFlags(uint32_t ns) {
+  uint64_t flags = 0;
+  if (ns & NS_USER) flags |= CLONE_NEWUSER;
+  if (ns & NS_MOUNT) flags |= CLONE_NEWNS;
+  if (ns & NS_PID) flags |= CLONE_NEWPID;
+  if (ns & NS_IPC) flags |= CLONE_NEWIPC;
+  if (ns & NS_UTS) flags |= CLONE_NEWUTS;
+  if (ns & NS_NET) flags |= CLONE_NEWNET;
+  if (ns & NS_CGROUP) flags |= CLONE_NEWCGROUP;
+  return flags;
+}
 
 struct Rlimit {
   int resource;

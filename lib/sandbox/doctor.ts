@@ -75,16 +75,19 @@ async function overlayCheck(): Promise<Check> {
   }
 }
 
+function canWrite(path: string): boolean {
+  try {
+    accessSync(path, constants.W_OK);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 function cgroupCheck(): Check {
   if (existsSync('/sys/fs/cgroup/cgroup.controllers')) {
     const controllers = readSysctl('/sys/fs/cgroup/cgroup.controllers') ?? '';
-    let writable = false;
-    try {
-      accessSync('/sys/fs/cgroup/cgroup.procs', constants.W_OK);
-      writable = true;
-    } catch {
-      // not delegated to us
-    }
+    const writable = canWrite('/sys/fs/cgroup/cgroup.procs');
     return {
       name: 'cgroups',
       ok: writable,
@@ -95,13 +98,7 @@ function cgroupCheck(): Check {
   }
   const v1 = ['memory', 'pids', 'cpu'].filter((c) => existsSync(`/sys/fs/cgroup/${c}/cgroup.procs`));
   if (v1.length === 0) return { name: 'cgroups', ok: false, detail: 'no cgroup v1 or v2 hierarchy found: limits fall back to rlimits' };
-  let writable = false;
-  try {
-    accessSync(`/sys/fs/cgroup/${v1[0]}`, constants.W_OK);
-    writable = true;
-  } catch {
-    // v1 needs root
-  }
+  const writable = canWrite(`/sys/fs/cgroup/${v1[0]}`); // v1 is root's
   return {
     name: 'cgroups',
     ok: writable,
@@ -112,12 +109,8 @@ function cgroupCheck(): Check {
 }
 
 function fuseCheck(): Check {
-  try {
-    accessSync('/dev/fuse', constants.R_OK | constants.W_OK);
-    return { name: '/dev/fuse', ok: true, detail: 'usable (not needed: overlayfs is used)' };
-  } catch {
-    return { name: '/dev/fuse', ok: true, detail: 'not usable by this user (not needed: overlayfs is used)' };
-  }
+  const usable = canWrite('/dev/fuse');
+  return { name: '/dev/fuse', ok: true, detail: `${usable ? 'usable' : 'not usable by this user'} (not needed: overlayfs is used)` };
 }
 
 export async function doctor(): Promise<Check[]> {

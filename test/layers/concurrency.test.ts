@@ -105,7 +105,7 @@ function peak(intervals: Array<[number, number, number]>): { bytes: number; coun
 }
 
 describe('lock: build exactly once across processes', () => {
-  it('6 processes race to add the same archive: one unpacks, all get the same layer', async () => {
+  it('10 processes race to add the same cold archive: one unpacks, all get the same layer', async () => {
     const src = path.join(t.dir, 'race-src');
     const files: Record<string, string> = {};
     for (let i = 0; i < 300; i++) files[`pkg${i % 10}/m${i}.py`] = `x = ${i}\n`.repeat(50);
@@ -113,7 +113,7 @@ describe('lock: build exactly once across processes', () => {
     const archive = path.join(t.dir, 'race.tar.zst');
     await packDirectory(src, archive);
     const root = path.join(t.dir, 'race-store');
-    const kids = Array.from({ length: 6 }, () => start(['add', root, archive]));
+    const kids = Array.from({ length: 10 }, () => start(['add', root, archive]));
     for (const k of kids) await k.next();
     for (const k of kids) k.child.send('go');
     const results = await Promise.all(kids.map((k) => k.next()));

@@ -1,0 +1,104 @@
+/**
+ * The I/O budget: 32 sandboxes start at once, each on its own cold layer
+ * (an archive not yet unpacked on this machine), with and without the
+ * store's budget on concurrent unpacking. Measured in one run: the time
+ * until every sandbox has run its first command, and the median.
+ *
+ *   node dist/benchmarks/budget.js [--sandboxes N] [--files N] [--json]
+ */
+import { cpSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { cpus, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { Sandbox } from '../lib/index.js';
+import { openStore, packDirectory } from '../lib/layers/index.js';
+import { formatMs, formatRatio, summarize } from './lib/stats.js';
+
+const log = (msg: string) => process.stderr.write(`[bench] ${msg}\n`);
+
+function arg(name: string, fallback: number): number {
+  const i = process.argv.indexOf(name);
+  return i >= 0 ? Number(process.argv[i + 1]) : fallback;
+}
+
+/** A tree shaped like a small venv: many small .py files in packages. */
+function makeTree(dir: string, files: number): void {
+  const body = 'def f(x):\n    return x * 2\n\n'.repeat(40);
+  for (let i = 0; i < files; i++) {
+    const pkg = join(dir, `pkg${i % 40}`, `sub${i % 7}`);
+    mkdirSync(pkg, { recursive: true });
+    writeFileSync(join(pkg, `mod${i}.py`), `# module ${i}\n${body}`);
+  }
+}
+
+async function startAll(archives: string[], storeRoot: string, budget: boolean): Promise<number[]> {
+  const store = await openStore({ root: storeRoot, budget: budget ? { maxConcurrent: cpus().length } : false, dedup: false });
+  const t0 = performance.now();
+  const done = await Promise.all(
+    archives.map(async (archive) => {
+      const layer = await store.addArchive(archive);
+      const sb = await Sandbox.create({ overlays: [{ target: '/env', lower: [layer.path] }], capabilities: ['CAP_DAC_OVERRIDE'] });
+      try {
+        const r = await sb.exec(['sh', '-c', 'ls /env | wc -l']);
+        if (r.exitCode !== 0) throw new Error(`first command failed: ${r.stderr}`);
+        return performance.now() - t0;
+      } finally {
+        await sb.close();
+      }
+    }),
+  );
+  return done;
+}
+
+async function main(): Promise<void> {
+  const n = arg('--sandboxes', 32);
+  const files = arg('--files', 1500);
+  const work = mkdtempSync(join(tmpdir(), 'msbx-budget-bench-'));
+  try {
+    log(`making ${n} distinct archives of ${files} files each`);
+    const base = join(work, 'base');
+    makeTree(base, files);
+    const archives: string[] = [];
+    for (let i = 0; i < n; i++) {
+      const tree = join(work, `tree-${i}`);
+      cpSync(base, tree, { recursive: true });
+      writeFileSync(join(tree, 'MARKER'), `${i}\n`); // a distinct digest: every layer is cold
+      const archive = join(work, `layer-${i}.tar.zst`);
+      await packDirectory(tree, archive);
+      rmSync(tree, { recursive: true });
+      archives.push(archive);
+    }
+    const bytes = archives.reduce((s, a) => s + statSync(a).size, 0);
+    const results: Record<string, ReturnType<typeof summarize> & { totalMs: number }> = {};
+    // Alternate the order so neither variant always runs on a warmer cache.
+    for (const [label, budget] of [['no budget', false], ['budget', true]] as const) {
+      log(`${n} sandboxes at once, ${label}`);
+      const root = join(work, `store-${label.replace(' ', '-')}`);
+      const times = await startAll(archives, root, budget);
+      results[label] = { ...summarize(times), totalMs: Math.max(...times) };
+      rmSync(root, { recursive: true, force: true });
+      readdirSync(work); // keep the archives, drop the store: the next run is cold too
+    }
+    if (process.argv.includes('--json')) {
+      process.stdout.write(JSON.stringify({ sandboxes: n, filesPerLayer: files, archiveBytes: bytes, results }, null, 2) + '\n');
+      return;
+    }
+    const a = results['no budget']!;
+    const b = results['budget']!;
+    process.stdout.write(
+      [
+        `${n} sandboxes started at once, each on its own cold layer (${files} files; ${(bytes / n / 1024 / 1024).toFixed(1)} MiB .tar.zst each), ${cpus().length} CPUs`,
+        `  no budget : all done in ${formatMs(a.totalMs)}, median sandbox ready at ${formatMs(a.median)}`,
+        `  budget    : all done in ${formatMs(b.totalMs)}, median sandbox ready at ${formatMs(b.median)} (at most ${cpus().length} unpacks at once)`,
+        `  total without / with budget = ${formatRatio(a.totalMs / b.totalMs)}, median ${formatRatio(a.median / b.median)}: ${b.totalMs < a.totalMs ? 'the budget finishes sooner' : 'the budget does NOT finish sooner here'}`,
+      ].join('\n') + '\n',
+    );
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+  }
+}
+
+main().catch((e) => {
+  process.stderr.write(`${(e as Error).stack}\n`);
+  process.exitCode = 1;
+});
