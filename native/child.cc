@@ -435,11 +435,7 @@ void DoMaskDir(const MountOp& m, int op, int rootfd) {
   close(target);
 }
 
-void RunOp(const MountOp& m, int op, int oldrootfd) {
-  // Reopened for every op: a mount stacked on "/" by an earlier op is only
-  // seen through a fresh lookup of /newroot.
-  int rootfd = open("/newroot", O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (rootfd < 0) Fail(Step::NewRootMount, op);
+void RunOp(const MountOp& m, int op, int rootfd, int oldrootfd) {
   switch (m.kind) {
     case OpKind::Bind: DoBind(m, op, rootfd, oldrootfd); break;
     case OpKind::Tmpfs: DoNewFs("tmpfs", m, op, rootfd); break;
@@ -454,7 +450,6 @@ void RunOp(const MountOp& m, int op, int oldrootfd) {
     case OpKind::MaskFile: DoMaskFile(m, op, rootfd); break;
     case OpKind::MaskDir: DoMaskDir(m, op, rootfd); break;
   }
-  close(rootfd);
 }
 
 void BringUpLoopback() {
@@ -492,7 +487,21 @@ void SetUpFilesystem(const Plan& plan) {
 
   int oldrootfd = open("/oldroot", O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (oldrootfd < 0) Fail(Step::OpenOldRoot);
-  for (size_t i = 0; i < plan.ops.size(); i++) RunOp(plan.ops[i], static_cast<int>(i), oldrootfd);
+  int rootfd = -1;
+  for (size_t i = 0; i < plan.ops.size(); i++) {
+    // A mount stacked on "/" is only seen through a fresh lookup of
+    // /newroot: reopen after one (and before the first op).
+    if (rootfd < 0) {
+      rootfd = open("/newroot", O_PATH | O_DIRECTORY | O_CLOEXEC);
+      if (rootfd < 0) Fail(Step::NewRootMount, static_cast<int>(i));
+    }
+    RunOp(plan.ops[i], static_cast<int>(i), rootfd, oldrootfd);
+    if (plan.ops[i].dst == "/") {
+      close(rootfd);
+      rootfd = -1;
+    }
+  }
+  if (rootfd >= 0) close(rootfd);
   close(oldrootfd);
 
   if (plan.root_readonly) {

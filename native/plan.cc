@@ -110,7 +110,15 @@ bool ReadOp(Reader& r, const Napi::Object& o, MountOp& m) {
   if (!found) return r.Fail("unknown mount op kind '" + kind + "'");
   if (!r.Str(o, "dst", m.dst, true)) return false;
   if (m.dst.empty() || m.dst[0] != '/') return r.Fail("mount op dst must be absolute: '" + m.dst + "'");
-  if (!r.Str(o, "src", m.src, false) || !r.Str(o, "data", m.data, false)) return false;
+  if (!r.Str(o, "src", m.src, false)) return false;
+  // File contents may be binary (ld.so.cache): a Buffer is taken byte for byte.
+  Napi::Value data = o.Get("data");
+  if (data.IsBuffer()) {
+    Napi::Buffer<char> b = data.As<Napi::Buffer<char>>();
+    m.data.assign(b.Data(), b.Length());
+  } else if (!r.Str(o, "data", m.data, false)) {
+    return false;
+  }
   if (!r.U32(o, "mode", m.mode)) return false;
   bool ro = false, nosuid = false, nodev = false, noexec = false, in_root = false, optional = false,
        userxattr = false;

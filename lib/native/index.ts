@@ -28,7 +28,7 @@ export type NativeOp =
   | ({ kind: 'overlay'; dst: string; lower: string[]; upper?: string; work?: string; userxattr?: boolean } & MountFlags)
   | { kind: 'symlink'; src: string; dst: string }
   | { kind: 'mkdir'; dst: string; mode?: number }
-  | { kind: 'write-file'; dst: string; data: string; mode?: number }
+  | { kind: 'write-file'; dst: string; data: string | Buffer; mode?: number }
   | ({ kind: 'remount'; dst: string } & MountFlags)
   | { kind: 'mask-file'; dst: string; optional?: boolean }
   | { kind: 'mask-dir'; dst: string; optional?: boolean };

@@ -3,7 +3,7 @@
  * host-binds root contains, what a minimal /dev holds, which /proc paths are
  * hidden. The native side only executes the ops built from these lists.
  */
-import { lstatSync, readlinkSync } from 'node:fs';
+import { lstatSync, readFileSync, readlinkSync } from 'node:fs';
 import type { NativeOp } from '../native/index.js';
 
 /** Top-level host directories the 'host' root shows read-only. */
@@ -38,9 +38,27 @@ export const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/
 export const WORK_DIR = '/work';
 
 /**
+ * Small host files are copied into the sandbox's root rather than bound: a
+ * write into a tmpfs costs a fraction of a mount, and the sandbox then
+ * holds (and tears down) far fewer mounts. The copy is private to the
+ * sandbox; the host file is never reachable from it.
+ */
+export const COPY_FILES_UP_TO = 256 * 1024;
+
+const fileCache = new Map<string, { mtimeMs: number; size: number; data: Buffer }>();
+
+function hostFileContent(path: string, st: { mtimeMs: number; size: number }): Buffer {
+  const hit = fileCache.get(path);
+  if (hit && hit.mtimeMs === st.mtimeMs && hit.size === st.size) return hit.data;
+  const data = readFileSync(path);
+  fileCache.set(path, { mtimeMs: st.mtimeMs, size: st.size, data });
+  return data;
+}
+
+/**
  * Ops for a host path in the 'host' root: a symlink stays a symlink (merged
- * /usr: /bin -> usr/bin), a directory becomes a read-only bind, a missing
- * one is skipped.
+ * /usr: /bin -> usr/bin), a small regular file is copied, a directory (or a
+ * large file) becomes a read-only bind, a missing path is skipped.
  */
 export function mirrorHostPath(path: string, target = path): NativeOp[] {
   let st;
@@ -50,6 +68,13 @@ export function mirrorHostPath(path: string, target = path): NativeOp[] {
     return [];
   }
   if (st.isSymbolicLink()) return [{ kind: 'symlink', src: readlinkSync(path), dst: target }];
+  if (st.isFile() && st.size <= COPY_FILES_UP_TO) {
+    try {
+      return [{ kind: 'write-file', dst: target, data: hostFileContent(path, st), mode: st.mode & 0o777 }];
+    } catch {
+      return []; // unreadable for this user: the sandbox does not get it either
+    }
+  }
   return [{ kind: 'bind', src: path, dst: target, readOnly: true, nosuid: true, nodev: true }];
 }
 

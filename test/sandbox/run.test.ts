@@ -1,5 +1,5 @@
 import { fork } from 'node:child_process';
-import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { run, spawn } from '../../lib/index.js';
@@ -34,6 +34,20 @@ describe('run', () => {
     expect(r.stdout.trim().split('\n').slice(-3)).toEqual(['sandbox', '0', '/work']);
     const inherited = await run({ argv: ['sh', '-c', 'echo $MSBX_HOST_ONLY'], inheritEnv: ['MSBX_HOST_ONLY'] });
     expect(inherited.stdout).toBe('leak\n');
+  });
+
+  it('copies the host /etc subset byte for byte, binary files included', async () => {
+    const { createHash } = await import('node:crypto');
+    const files = ['/etc/ld.so.cache', '/etc/passwd'].filter((f) => existsSync(f));
+    const r = await run({ argv: ['sha256sum', ...files] });
+    for (const f of files) {
+      const hash = createHash('sha256').update(readFileSync(f)).digest('hex');
+      expect(r.stdout).toContain(`${hash}  ${f}`);
+    }
+    // The copy is the sandbox's own: changing it never reaches the host.
+    const before = readFileSync('/etc/passwd', 'utf8');
+    await run({ argv: ['sh', '-c', 'echo intruder:x:0:0::/:/bin/sh >> /etc/passwd'] });
+    expect(readFileSync('/etc/passwd', 'utf8')).toBe(before);
   });
 
   it('maps the caller to itself when asked', async () => {
