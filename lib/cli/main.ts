@@ -4,7 +4,9 @@ import { SandboxError } from '../sandbox/errors.js';
 import { UsageError } from './args.js';
 import { DOCTOR_HELP, doctorCommand } from './commands/doctor.js';
 import { RUN_HELP, runCommand } from './commands/run.js';
+import { ENV_HELP, envCommand } from './commands/env.js';
 import { GC_HELP, gcCommand } from './commands/gc.js';
+import { STORE_HELP, storeCommand } from './commands/store.js';
 import { SERVE_HELP, serveCommand } from '../server/cli.js';
 import { DEMO_HELP, EVAL_HELP, PREPARE_HELP, demoCommand, evalCommand, prepareCommand } from '../swe/cli.js';
 
@@ -17,6 +19,8 @@ Commands:
   prepare  Build the environments a SWE-bench-style task set needs
   eval     Evaluate patches (predictions) on a task set, one sandbox each
   serve    Serve sandboxes over SWE-ReX's HTTP protocol
+  env      Build Python environments as shared layers (env build, env ls)
+  store    The layer store: ls, du, gc
   run      Run a command in a new sandbox (bubblewrap-like options)
   doctor   Check which kernel features work on this machine, and why not
   gc       Remove what sandboxes of dead processes left behind
@@ -28,6 +32,8 @@ const COMMANDS: Record<string, { run: (args: string[]) => Promise<number>; help:
   run: { run: runCommand, help: RUN_HELP },
   doctor: { run: doctorCommand, help: DOCTOR_HELP },
   gc: { run: gcCommand, help: GC_HELP },
+  env: { run: envCommand, help: ENV_HELP },
+  store: { run: storeCommand, help: STORE_HELP },
   serve: { run: serveCommand, help: SERVE_HELP },
   prepare: { run: prepareCommand, help: PREPARE_HELP },
   eval: { run: evalCommand, help: EVAL_HELP },

@@ -1,4 +1,7 @@
 import { spawnSync } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 
@@ -48,4 +51,26 @@ describe('minisandbox doctor', () => {
     expect(checks.find((c) => c.name.startsWith('user+mount'))?.ok).toBe(true);
     expect(r.status).toBe(0);
   });
+});
+
+describe('minisandbox env and store', () => {
+  it('builds an env into a store, lists it with its users, and gc keeps what is used', () => {
+    const store = mkdtempSync(join(tmpdir(), 'msbx-cli-store-'));
+    try {
+      const python = ['3.11', '3.12', '3.13', '3.10'].find((v) => spawnSync('sh', ['-c', `ls -d /root/.pyenv/versions/${v}.* /usr/bin/python${v} 2>/dev/null`]).stdout.length > 0);
+      if (!python) return; // no Python on this machine: nothing to build from
+      const built = cli('env', 'build', '--python', python, '--name', 'cli-test', '--run', 'python -c "print(1)"', '--store', store, '--json');
+      expect(built.stderr).toBe('');
+      expect(built.status).toBe(0);
+      const env = JSON.parse(built.stdout) as { id: string; venv: string };
+      const ls = JSON.parse(cli('store', 'ls', '--store', store, '--json').stdout) as { digest: string; users: string[] }[];
+      expect(ls).toHaveLength(1);
+      expect(ls[0]!.users.join()).toContain(env.id);
+      expect(cli('store', 'gc', '--store', store).stdout).toContain('removed 0 unused layer');
+      expect(cli('store', 'du', '--store', store).stdout).toMatch(/1 layers/);
+      expect(cli('store', 'frob').status).toBe(2);
+    } finally {
+      spawnSync('sh', ['-c', `chmod -R u+w '${store}' && rm -rf '${store}'`]);
+    }
+  }, 120_000);
 });

@@ -8,7 +8,7 @@
  * layer was removed from the store is ignored (and rebuilt).
  */
 import { createHash } from 'node:crypto';
-import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { acquireLock, type FileLock } from '../../layers/lock.js';
 import type { Layer, LayerStore } from '../../layers/store.js';
@@ -57,4 +57,27 @@ export function lockRef(store: LayerStore, kind: RefKind, key: string, signal?: 
   const dir = join(refDir(store, kind), 'locks');
   mkdirSync(dir, { recursive: true });
   return acquireLock(join(dir, `${key}.lock`), { what: `${kind} ${key.slice(0, 12)}`, ...(signal ? { signal } : {}) });
+}
+
+/** Every ref of the prepare pipeline: the layers it keeps using, and why. */
+export function listRefs(store: LayerStore): { kind: RefKind; key: string; ref: LayerRef }[] {
+  const out: { kind: RefKind; key: string; ref: LayerRef }[] = [];
+  for (const kind of ['venv', 'repo'] as const) {
+    let names: string[];
+    try {
+      names = readdirSync(refDir(store, kind));
+    } catch {
+      continue;
+    }
+    for (const name of names) {
+      if (!name.endsWith('.json') || name.startsWith('.')) continue;
+      try {
+        const ref = JSON.parse(readFileSync(join(refDir(store, kind), name), 'utf8')) as LayerRef;
+        out.push({ kind, key: name.slice(0, -5), ref });
+      } catch {
+        // torn or foreign file: not a user
+      }
+    }
+  }
+  return out;
 }
