@@ -31,7 +31,7 @@ export interface BudgetOptions {
   dir: string;
   /** Max archive bytes being unpacked at once (default 2 GiB). */
   maxBytes?: number;
-  /** Max concurrent unpacks (default: CPU count). */
+  /** Max concurrent unpacks (default: twice the CPU count). */
   maxConcurrent?: number;
   /** Fallback poll interval while waiting (default 200 ms); inotify wakes us sooner. */
   pollMs?: number;
@@ -73,6 +73,40 @@ export interface IoBudgetEvents {
 
 let counter = 0;
 
+/**
+ * Waiters of one process queue here first, per budget directory, so that
+ * only the head of the local queue polls the machine-wide state. Without it
+ * every waiter wakes on every slot change and takes the cross-process lock
+ * (a flock helper each time): a thundering herd that costs more than the
+ * unpacking it schedules. Admission is FIFO either way.
+ */
+const localQueues = new Map<string, Promise<void>>();
+
+async function inLocalQueue<T>(dir: string, signal: AbortSignal | undefined, fn: () => Promise<T>): Promise<T> {
+  const before = localQueues.get(dir) ?? Promise.resolve();
+  let done!: () => void;
+  const mine = new Promise<void>((r) => (done = r));
+  const tail = before.then(() => mine);
+  localQueues.set(dir, tail);
+  try {
+    // An abort while queued is honoured at once; the queue order still holds.
+    const aborted = signal
+      ? new Promise<never>((_, reject) => {
+          const onAbort = () => reject(new LayerError(`io budget ${dir}: waiting aborted`));
+          if (signal.aborted) onAbort();
+          else signal.addEventListener('abort', onAbort, { once: true });
+          void before.finally(() => signal.removeEventListener('abort', onAbort));
+        })
+      : null;
+    aborted?.catch(() => {});
+    await (aborted ? Promise.race([before, aborted]) : before);
+    return await fn();
+  } finally {
+    done();
+    if (localQueues.get(dir) === tail) localQueues.delete(dir);
+  }
+}
+
 export class IoBudget extends EventEmitter<IoBudgetEvents> {
   readonly dir: string;
   readonly maxBytes: number;
@@ -83,7 +117,9 @@ export class IoBudget extends EventEmitter<IoBudgetEvents> {
     super();
     this.dir = opts.dir;
     this.maxBytes = opts.maxBytes ?? 2 * 1024 ** 3;
-    this.maxConcurrent = opts.maxConcurrent ?? Math.max(1, os.availableParallelism());
+    // Unpacking waits on the disk as much as on a CPU: two per core keeps both
+    // busy without the contention of unbounded parallelism.
+    this.maxConcurrent = opts.maxConcurrent ?? 2 * Math.max(1, os.availableParallelism());
     this.pollMs = opts.pollMs ?? 200;
     if (!(this.maxBytes > 0) || !(this.maxConcurrent >= 1))
       throw new LayerError(`io budget ${this.dir}: maxBytes and maxConcurrent must be positive`);
@@ -91,6 +127,10 @@ export class IoBudget extends EventEmitter<IoBudgetEvents> {
 
   /** Wait until `bytes` fit in the budget, then hold them until release(). */
   async acquire(bytes: number, opts: { label?: string; signal?: AbortSignal } = {}): Promise<BudgetTicket> {
+    return inLocalQueue(path.resolve(this.dir), opts.signal, () => this.#admit(bytes, opts));
+  }
+
+  async #admit(bytes: number, opts: { label?: string; signal?: AbortSignal }): Promise<BudgetTicket> {
     const label = opts.label ?? `unpack#${++counter}`;
     if (!(bytes >= 0)) throw new LayerError(`io budget ${this.dir}: bad byte count ${bytes} for ${label}`);
     await fsp.mkdir(this.dir, { recursive: true });
