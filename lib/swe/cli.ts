@@ -9,9 +9,10 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { UsageError } from '../cli/args.js';
+import { findPython } from './python.js';
 import { removeTree } from '../layers/fsTree.js';
 import { defaultStoreRoot, openStore } from '../layers/store.js';
-import { createDemoTaskSet } from './demo/createDemoTaskSet.js';
+import { DEMO_PYTHON, createDemoTaskSet } from './demo/createDemoTaskSet.js';
 import { EnvLibProvider } from './pipeline/envLibProvider.js';
 import { LocalEnvProvider } from './pipeline/localProvider.js';
 import type { EnvProvider } from './pipeline/types.js';
@@ -267,6 +268,15 @@ export async function evalCommand(args: string[]): Promise<number> {
 export async function demoCommand(args: string[]): Promise<number> {
   const { values } = parse(args, { jobs: { type: 'string' }, keep: { type: 'boolean' } }, 0);
   const jobs = positiveInt('--jobs', values.jobs as string | undefined, 2);
+  // The demo runs offline, so its tests need a base Python that already has
+  // pytest; without one every test would just fail, which explains nothing.
+  if (!findPython({ version: DEMO_PYTHON, modules: ['pytest'] })) {
+    err(
+      `demo: no Python ${DEMO_PYTHON} with pytest found (looked in PYENV_ROOT, ~/.pyenv, /root/.pyenv and PATH; ` +
+        'an unreadable /root hides /root/.pyenv from other users: chmod o+x /root, or install pytest for a system Python)',
+    );
+    return 1;
+  }
   const dir = mkdtempSync(join(tmpdir(), 'minisandbox-demo-'));
   try {
     const demo = createDemoTaskSet(join(dir, 'taskset'));
