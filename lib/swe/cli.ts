@@ -288,7 +288,8 @@ export async function demoCommand(args: string[]): Promise<number> {
       storeDir: join(dir, 'store'),
       jobs,
       timeoutMs: 300_000,
-      reportFile: join(dir, 'report.json'),
+      // Only a kept directory keeps the report: name it only then.
+      ...(values.keep ? { reportFile: join(dir, 'report.json') } : {}),
     });
     return report.resolved_instances === demo.tasks.length ? 0 : 1;
   } finally {
