@@ -398,9 +398,24 @@ Napi::Value ResizePty(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// prepareOps(ops) -> an opaque handle for plan.opsPrefix: ops read once and
+// shared by every plan that names them (reading ~80 op objects through N-API
+// costs more than the rest of a spawn).
+Napi::Value PrepareOps(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  auto ops = std::make_shared<std::vector<MountOp>>();
+  std::string error;
+  if (info.Length() < 1 || !ReadOps(info[0], *ops, error)) {
+    Napi::TypeError::New(env, error.empty() ? "prepareOps(ops)" : error).ThrowAsJavaScriptException();
+    return env.Undefined();
+  }
+  return Napi::External<PreparedOps>::New(env, new PreparedOps(std::move(ops)), [](Napi::Env, PreparedOps* p) { delete p; });
+}
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("spawn", Napi::Function::New(env, Spawn, "spawn"));
   exports.Set("enter", Napi::Function::New(env, Enter, "enter"));
+  exports.Set("prepareOps", Napi::Function::New(env, PrepareOps, "prepareOps"));
   exports.Set("signal", Napi::Function::New(env, Signal, "signal"));
   exports.Set("resizePty", Napi::Function::New(env, ResizePty, "resizePty"));
   exports.Set("watchExit", DefineExitWatch(env));

@@ -488,15 +488,19 @@ void SetUpFilesystem(const Plan& plan) {
   int oldrootfd = open("/oldroot", O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (oldrootfd < 0) Fail(Step::OpenOldRoot);
   int rootfd = -1;
-  for (size_t i = 0; i < plan.ops.size(); i++) {
+  // The prepared prefix (the host root) first, then the plan's own ops; an
+  // op's index counts across both, as the parent numbers them.
+  size_t n_prefix = plan.prefix_ops ? plan.prefix_ops->size() : 0;
+  for (size_t i = 0; i < n_prefix + plan.ops.size(); i++) {
+    const MountOp& m = i < n_prefix ? (*plan.prefix_ops)[i] : plan.ops[i - n_prefix];
     // A mount stacked on "/" is only seen through a fresh lookup of
     // /newroot: reopen after one (and before the first op).
     if (rootfd < 0) {
       rootfd = open("/newroot", O_PATH | O_DIRECTORY | O_CLOEXEC);
       if (rootfd < 0) Fail(Step::NewRootMount, static_cast<int>(i));
     }
-    RunOp(plan.ops[i], static_cast<int>(i), rootfd, oldrootfd);
-    if (plan.ops[i].dst == "/") {
+    RunOp(m, static_cast<int>(i), rootfd, oldrootfd);
+    if (m.dst == "/") {
       close(rootfd);
       rootfd = -1;
     }

@@ -166,6 +166,19 @@ const NsName kNamespaces[] = {
 
 }  // namespace
 
+bool ReadOps(const Napi::Value& ops, std::vector<MountOp>& out, std::string& error) {
+  if (!ops.IsArray()) return error = "plan.ops must be an array", false;
+  Reader r{ops.Env(), {}};
+  Napi::Array a = ops.As<Napi::Array>();
+  for (uint32_t i = 0; i < a.Length(); i++) {
+    if (!a.Get(i).IsObject()) return error = "plan.ops entries must be objects", false;
+    MountOp m;
+    if (!ReadOp(r, a.Get(i).As<Napi::Object>(), m)) return error = "plan.ops[" + std::to_string(i) + "]: " + r.error, false;
+    out.push_back(std::move(m));
+  }
+  return true;
+}
+
 bool ReadPlan(const Napi::Object& o, Plan& plan, std::string& error) {
   Reader r{o.Env(), {}};
   std::vector<std::string> ns;
@@ -231,15 +244,10 @@ bool ReadPlan(const Napi::Object& o, Plan& plan, std::string& error) {
     }
   }
 
-  Napi::Value ops = o.Get("ops");
-  if (!ops.IsArray()) return error = "plan.ops must be an array", false;
-  Napi::Array a = ops.As<Napi::Array>();
-  for (uint32_t i = 0; i < a.Length(); i++) {
-    if (!a.Get(i).IsObject()) return error = "plan.ops entries must be objects", false;
-    MountOp m;
-    if (!ReadOp(r, a.Get(i).As<Napi::Object>(), m)) return error = "plan.ops[" + std::to_string(i) + "]: " + r.error, false;
-    plan.ops.push_back(std::move(m));
-  }
+  Napi::Value prefix = o.Get("opsPrefix");
+  if (prefix.IsExternal()) plan.prefix_ops = *prefix.As<Napi::External<PreparedOps>>().Data();
+  else if (!prefix.IsUndefined()) return error = "plan.opsPrefix must come from prepareOps()", false;
+  if (!ReadOps(o.Get("ops"), plan.ops, error)) return false;
 
   Napi::Value pty = o.Get("pty");
   plan.pty = pty.IsObject();

@@ -8,6 +8,7 @@
 #include <sched.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,8 @@ struct Plan {
   std::string hostname;
   bool pivot = true;        // false: chroot fallback (documented as weaker)
   bool root_readonly = false;
+  // Ops read once and reused by many plans (the host root), run before `ops`.
+  std::shared_ptr<const std::vector<MountOp>> prefix_ops;
   std::vector<MountOp> ops;
 
   // The process.

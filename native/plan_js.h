@@ -13,4 +13,10 @@ namespace msbx {
 // naming the field. Stdio and pty fds are wired by the caller.
 bool ReadPlan(const Napi::Object& obj, Plan& plan, std::string& error);
 
+// Reads an array of mount ops (for prepareOps: read once, reused by plans).
+bool ReadOps(const Napi::Value& ops, std::vector<MountOp>& out, std::string& error);
+
+// The handle prepareOps() returns to JavaScript.
+using PreparedOps = std::shared_ptr<const std::vector<MountOp>>;
+
 }  // namespace msbx

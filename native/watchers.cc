@@ -50,14 +50,16 @@ void CallBack(napi_env env, napi_ref& cb_ref, std::initializer_list<Arg> args) {
 }
 
 struct Watch {
-  uv_poll_t poll;
+  uv_poll_t poll;         // the pidfd: readable once the process has exited
+  uv_poll_t status_poll;  // the status pipe, when PID 1 reports for a main process
   int pidfd;
   int status_fd;  // PID 1's report of the main process's status, or -1
   napi_env env;
   napi_ref callback = nullptr;
-  bool done = false;
-  // Owned by the closed uv handle and by the JavaScript object's External:
-  // freed when both let go, so ref()/unref() after exit stay safe.
+  bool reported = false;  // the callback has run
+  bool done = false;      // the process is reaped
+  // Owned by each uv handle until closed and by the JavaScript object's
+  // External: freed when all let go, so ref()/unref() after exit stay safe.
   int owners = 2;
 };
 
@@ -67,36 +69,65 @@ void Release(Watch* w) {
 
 void OnClosed(uv_handle_t* h) { Release(static_cast<Watch*>(h->data)); }
 
+void Report(Watch* w, int code, int sig, bool from_init) {
+  if (w->reported) return;
+  w->reported = true;
+  napi_env env = w->env;
+  napi_ref callback = w->callback;
+  w->callback = nullptr;
+  Arg code_a = code >= 0 ? Arg{Arg::Number, static_cast<double>(code)} : Arg{Arg::Null, 0};
+  Arg sig_a = sig ? Arg{Arg::Number, static_cast<double>(sig)} : Arg{Arg::Null, 0};
+  CallBack(env, callback, {code_a, sig_a, Arg{Arg::Bool, from_init ? 1.0 : 0.0}});
+}
+
+// Reads PID 1's 4-byte report of the main process's wait status, if there.
+bool ReadStatus(Watch* w, int& code, int& sig) {
+  if (w->status_fd < 0) return false;
+  int32_t st = 0;
+  ssize_t n = read(w->status_fd, &st, sizeof st);
+  if (n != sizeof st) return false;
+  if (WIFEXITED(st)) code = WEXITSTATUS(st), sig = 0;
+  else if (WIFSIGNALED(st)) code = -1, sig = WTERMSIG(st);
+  return true;
+}
+
+void StopStatusPoll(Watch* w) {
+  if (w->status_fd < 0) return;
+  uv_poll_stop(&w->status_poll);
+  uv_close(reinterpret_cast<uv_handle_t*>(&w->status_poll), OnClosed);
+  close(w->status_fd);
+  w->status_fd = -1;
+}
+
+// The main process's status arrives as soon as it exits: the result is
+// known then, while PID 1 still tears the namespaces down (about a
+// millisecond); the pidfd poll reaps PID 1 afterwards without delaying it.
+void OnStatusReadable(uv_poll_t* handle, int, int) {
+  Watch* w = static_cast<Watch*>(handle->data);
+  int code = -1, sig = 0;
+  bool got = ReadStatus(w, code, sig);
+  StopStatusPoll(w);  // a report, or EOF: PID 1 died without one
+  if (got) {
+    // Nothing else keeps Node alive for a sandbox whose command is done.
+    uv_unref(reinterpret_cast<uv_handle_t*>(&w->poll));
+    Report(w, code, sig, true);
+  }
+}
+
 void Finish(Watch* w, const siginfo_t& si) {
   w->done = true;
   uv_poll_stop(&w->poll);
   int code = -1, sig = 0;
   if (si.si_code == CLD_EXITED) code = si.si_status;
   else sig = si.si_status;
-  // PID 1 writes the main process's wait status before it exits; it is
-  // already dead here, so this read cannot block.
-  bool from_init = false;
-  if (w->status_fd >= 0) {
-    int32_t st = 0;
-    ssize_t n = read(w->status_fd, &st, sizeof st);
-    if (n == sizeof st) {
-      from_init = true;
-      if (WIFEXITED(st)) code = WEXITSTATUS(st), sig = 0;
-      else if (WIFSIGNALED(st)) code = -1, sig = WTERMSIG(st);
-    }
-    close(w->status_fd);
-    w->status_fd = -1;
-  }
+  // PID 1 writes the main process's status before it exits; it is dead
+  // here, so this read cannot block.
+  bool from_init = ReadStatus(w, code, sig);
+  StopStatusPoll(w);
   close(w->pidfd);
   w->pidfd = -1;
-
-  napi_env env = w->env;
-  napi_ref callback = w->callback;
-  w->callback = nullptr;
   uv_close(reinterpret_cast<uv_handle_t*>(&w->poll), OnClosed);
-  Arg code_a = code >= 0 ? Arg{Arg::Number, static_cast<double>(code)} : Arg{Arg::Null, 0};
-  Arg sig_a = sig ? Arg{Arg::Number, static_cast<double>(sig)} : Arg{Arg::Null, 0};
-  CallBack(env, callback, {code_a, sig_a, Arg{Arg::Bool, from_init ? 1.0 : 0.0}});
+  Report(w, code, sig, from_init);
 }
 
 void OnReadable(uv_poll_t* handle, int status, int) {
@@ -151,6 +182,18 @@ Napi::Value WatchExit(const Napi::CallbackInfo& info) {
         .ThrowAsJavaScriptException();
     return env.Undefined();
   }
+  if (w->status_fd >= 0) {
+    w->status_poll.data = w;
+    if (uv_poll_init(loop, &w->status_poll, w->status_fd) == 0) {
+      w->owners++;
+      // Not keeping the loop alive on its own: the pidfd poll does that.
+      uv_unref(reinterpret_cast<uv_handle_t*>(&w->status_poll));
+      uv_poll_start(&w->status_poll, UV_READABLE | UV_DISCONNECT, OnStatusReadable);
+    } else {
+      close(w->status_fd);  // the pidfd path still reports, without the status
+      w->status_fd = -1;
+    }
+  }
   Napi::Object self = Napi::Object::New(env);
   self.Set("_watch", Napi::External<Watch>::New(env, w, [](Napi::Env, Watch* data) { Release(data); }));
   self.Set("ref", Napi::Function::New(env, Ref, "ref"));
@@ -162,7 +205,7 @@ Napi::Value WatchExit(const Napi::CallbackInfo& info) {
 // lets a long-lived sandbox not hold the process open.
 Napi::Value Ref(const Napi::CallbackInfo& info) {
   Watch* w = Get(info);
-  if (w && !w->done) uv_ref(reinterpret_cast<uv_handle_t*>(&w->poll));
+  if (w && !w->done && !w->reported) uv_ref(reinterpret_cast<uv_handle_t*>(&w->poll));
   return info.Env().Undefined();
 }
 Napi::Value Unref(const Napi::CallbackInfo& info) {

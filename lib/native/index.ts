@@ -35,6 +35,9 @@ export type NativeOp =
 
 export type NativeStdio = 'pipe' | 'null' | 'pty' | number;
 
+/** Ops read by the addon once (prepareOps) and reused by many plans. Opaque. */
+export type PreparedOps = { readonly __brand: 'PreparedOps' };
+
 export interface NativePlan {
   namespaces: NamespaceName[];
   uidMap?: string;
@@ -44,7 +47,9 @@ export interface NativePlan {
   /** false: chroot instead of pivot_root (weaker, documented fallback). */
   pivot?: boolean;
   rootReadOnly?: boolean;
-  ops: NativeOp[];
+  /** Run before `ops`; op indices in errors count across both. */
+  opsPrefix?: PreparedOps;
+  ops: readonly NativeOp[];
   argv: string[];
   env: string[];
   /** argv[0] resolved against PATH, as paths inside the sandbox. */
@@ -89,6 +94,8 @@ export interface ExitWatch {
 
 interface Addon {
   spawn(plan: NativePlan): NativeSpawnResult;
+  /** Reads ops once, for plan.opsPrefix. */
+  prepareOps(ops: readonly NativeOp[]): PreparedOps;
   /** Runs plan's process in the namespaces of the sandbox whose PID 1 is targetPidfd. */
   enter(targetPidfd: number, plan: NativePlan): NativeSpawnResult;
   signal(pidfd: number, signo: number): boolean;

@@ -5,7 +5,7 @@
  */
 import { existsSync, realpathSync, statSync } from 'node:fs';
 import { posix } from 'node:path';
-import type { NamespaceName, NativeOp, NativePlan, NativeStdio } from '../native/index.js';
+import type { NamespaceName, NativeOp, NativePlan, NativeStdio, PreparedOps } from '../native/index.js';
 import { native } from '../native/index.js';
 import { ConfigError } from './errors.js';
 import type { Mount, ProcessOptions, SandboxOptions, SpawnOptions, StdioOption } from './options.js';
@@ -13,8 +13,9 @@ import {
   CAPABILITIES,
   DEFAULT_PATH,
   WORK_DIR,
+  ROOT_TMPFS,
   devOps,
-  hostRootOps,
+  hostRoot,
   identityFileOps,
   procOps,
 } from './policy.js';
@@ -239,6 +240,8 @@ function rlimits(p: ProcessOptions): NativePlan['rlimits'] {
 
 export interface BuiltPlan {
   plan: NativePlan;
+  /** Every op the addon runs (plan.opsPrefix's, then plan.ops), for error messages. */
+  allOps: readonly NativeOp[];
   /** For error messages: a readable description of each native op. */
   describeOp(index: number): string;
 }
@@ -266,6 +269,8 @@ export interface SandboxPart {
   identity: Identity;
   hostname: string;
   root: 'host' | 'empty';
+  /** Ops shared by every sandbox of this kind (the host root), prepared once. */
+  prefix?: { ops: readonly NativeOp[]; prepared: PreparedOps };
   ops: NativeOp[];
   pivot: boolean;
   readOnlyRoot: boolean;
@@ -297,9 +302,9 @@ export function buildSandboxPart(opts: SandboxOptions, extraOps: NativeOp[] = []
   const ops: NativeOp[] = [];
   const root = opts.root ?? 'host';
   if (root !== 'host' && root !== 'empty') fail('root', `'${String(root)}' must be 'host' or 'empty'`);
-  ops.push({ kind: 'tmpfs', dst: '/', data: 'mode=0755', nosuid: true, nodev: true });
+  const prefix = root === 'host' ? hostRoot() : undefined;
+  if (!prefix) ops.push(ROOT_TMPFS);
   if (root === 'host') {
-    ops.push(...hostRootOps());
     if (ns.has('uts')) ops.push(...identityFileOps(hostname));
     if (opts.dev ?? true) ops.push(...devOps());
     if (opts.proc ?? true) ops.push(...procOps());
@@ -325,7 +330,7 @@ export function buildSandboxPart(opts: SandboxOptions, extraOps: NativeOp[] = []
   mounts.forEach((m, i) => ops.push(...mountOps(m, i, id.userns)));
   const rootSwitch = opts.rootSwitch ?? 'pivot_root';
   if (rootSwitch !== 'pivot_root' && rootSwitch !== 'chroot') fail('rootSwitch', "must be 'pivot_root' or 'chroot'");
-  return { namespaces: [...ns], identity: id, hostname, root, ops, pivot: rootSwitch === 'pivot_root', readOnlyRoot: !!opts.readOnlyRoot };
+  return { namespaces: [...ns], identity: id, hostname, root, prefix, ops, pivot: rootSwitch === 'pivot_root', readOnlyRoot: !!opts.readOnlyRoot };
 }
 
 /** The process half: argv, environment, ids, capabilities, stdio, limits. */
@@ -385,7 +390,12 @@ export function buildProcessPart(
   };
 }
 
-export function sandboxPlanFields(part: SandboxPart): Pick<NativePlan, 'namespaces' | 'uidMap' | 'gidMap' | 'denySetgroups' | 'hostname' | 'pivot' | 'rootReadOnly' | 'ops'> {
+/** Every op of a sandbox part, prefix included, as the addon numbers them. */
+export function allOps(part: SandboxPart): readonly NativeOp[] {
+  return part.prefix ? [...part.prefix.ops, ...part.ops] : part.ops;
+}
+
+export function sandboxPlanFields(part: SandboxPart): Pick<NativePlan, 'namespaces' | 'uidMap' | 'gidMap' | 'denySetgroups' | 'hostname' | 'pivot' | 'rootReadOnly' | 'opsPrefix' | 'ops'> {
   return {
     namespaces: part.namespaces,
     uidMap: part.identity.uidMap,
@@ -394,11 +404,12 @@ export function sandboxPlanFields(part: SandboxPart): Pick<NativePlan, 'namespac
     hostname: part.hostname,
     pivot: part.pivot,
     rootReadOnly: part.readOnlyRoot,
+    opsPrefix: part.prefix?.prepared,
     ops: part.ops,
   };
 }
 
-export function describer(ops: NativeOp[]): (index: number) => string {
+export function describer(ops: readonly NativeOp[]): (index: number) => string {
   return (i) => (ops[i] ? describeNativeOp(ops[i]!) : 'setup');
 }
 
@@ -408,5 +419,6 @@ export function buildPlan(opts: SpawnOptions): BuiltPlan {
   checkKeys(opts, KNOWN_OPTION_KEYS);
   const sandbox = buildSandboxPart(opts);
   const plan: NativePlan = { ...sandboxPlanFields(sandbox), ...buildProcessPart(opts, sandbox) };
-  return { plan, describeOp: describer(plan.ops) };
+  const ops = allOps(sandbox);
+  return { plan, allOps: ops, describeOp: describer(ops) };
 }

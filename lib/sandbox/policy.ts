@@ -4,7 +4,7 @@
  * hidden. The native side only executes the ops built from these lists.
  */
 import { lstatSync, readFileSync, readlinkSync } from 'node:fs';
-import type { NativeOp } from '../native/index.js';
+import { native, type NativeOp, type PreparedOps } from '../native/index.js';
 
 /** Top-level host directories the 'host' root shows read-only. */
 export const HOST_ROOT_DIRS = ['/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32'];
@@ -78,11 +78,34 @@ export function mirrorHostPath(path: string, target = path): NativeOp[] {
   return [{ kind: 'bind', src: path, dst: target, readOnly: true, nosuid: true, nodev: true }];
 }
 
-export function hostRootOps(): NativeOp[] {
-  const ops: NativeOp[] = [];
+/** The sandbox root's own tmpfs, the first op of every plan. */
+export const ROOT_TMPFS: NativeOp = { kind: 'tmpfs', dst: '/', data: 'mode=0755', nosuid: true, nodev: true };
+
+/**
+ * How long the host root's ops are reused: looking at ~45 host paths, and
+ * handing ~50 op objects to the addon, cost more than the rest of a plan. A
+ * change under /etc reaches new sandboxes within this time.
+ */
+export const HOST_ROOT_TTL_MS = 1000;
+
+export interface HostRoot {
+  /** The root tmpfs and the host paths it shows, in order. */
+  ops: readonly NativeOp[];
+  /** The same, already read by the addon (plan.opsPrefix). */
+  prepared: PreparedOps;
+}
+
+let hostRootCache: { root: HostRoot; at: number } | undefined;
+
+export function hostRoot(): HostRoot {
+  const now = performance.now();
+  if (hostRootCache && now - hostRootCache.at < HOST_ROOT_TTL_MS) return hostRootCache.root;
+  const ops: NativeOp[] = [ROOT_TMPFS];
   for (const dir of HOST_ROOT_DIRS) ops.push(...mirrorHostPath(dir));
   for (const entry of HOST_ETC_ENTRIES) ops.push(...mirrorHostPath(`/etc/${entry}`));
-  return ops;
+  const root = { ops, prepared: native.prepareOps(ops) };
+  hostRootCache = { root, at: now };
+  return root;
 }
 
 /** /etc/hostname and /etc/hosts of the sandbox's own, so the name resolves. */

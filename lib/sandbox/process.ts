@@ -7,7 +7,7 @@ import { Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import type { Readable, Writable } from 'node:stream';
 import { ReadStream } from 'node:tty';
-import { decodeErrorRecord, native, type ExitWatch, type NativePlan, type NativeSpawnResult } from '../native/index.js';
+import { decodeErrorRecord, native, type ExitWatch, type NativeOp, type NativeSpawnResult } from '../native/index.js';
 import { ConfigError, ExecError, MountError, NamespaceError, SetupError, describeErrno } from './errors.js';
 import type { SpawnOptions } from './options.js';
 import { buildPlan } from './plan.js';
@@ -56,7 +56,7 @@ function openTerminal(fd: number): Terminal {
 export interface ProcessContext {
   /** Describes plan op i for error messages. */
   describeOp(index: number): string;
-  ops: NativePlan['ops'];
+  ops: readonly NativeOp[];
   argv0: string;
   cwd: string;
   timeout?: number;
@@ -101,7 +101,12 @@ export class SandboxProcess implements AsyncDisposable {
   readonly stderr: Readable | null;
   /** Resolves once the command is exec'd; rejects with the setup error. */
   readonly ready: Promise<void>;
-  /** Resolves when the sandbox is gone; rejects if setup failed. */
+  /**
+   * Resolves when the command has exited (its status comes from PID 1 at
+   * once; PID 1 then ends and the kernel kills whatever the command left
+   * and tears the namespaces down), or when the sandbox was killed.
+   * Rejects if setup failed.
+   */
   readonly exited: Promise<ExitInfo>;
   timedOut = false;
   isCanceled = false;
@@ -266,7 +271,7 @@ export function spawn(opts: SpawnOptions): SandboxProcess {
   const res = callNative(() => native.spawn(built.plan));
   return new SandboxProcess(res, {
     describeOp: built.describeOp,
-    ops: built.plan.ops,
+    ops: built.allOps,
     argv0: built.plan.argv[0]!,
     cwd: built.plan.cwd,
     timeout: opts.timeout,

@@ -17,6 +17,7 @@ import type { Mount, ProcessOptions, SandboxOptions } from './options.js';
 import {
   KNOWN_OPTION_KEYS,
   PROCESS_OPTION_KEYS,
+  allOps,
   buildProcessPart,
   buildSandboxPart,
   checkSandboxPath,
@@ -181,7 +182,8 @@ export class Sandbox implements AsyncDisposable {
         stdio: ['null', 'null', 'null'],
       };
       const res = callNative(() => native.spawn(plan));
-      const init = new SandboxProcess(res, { describeOp: describer(plan.ops), ops: plan.ops, argv0: 'msbx-init', cwd: '/' });
+      const ops = allOps(part);
+      const init = new SandboxProcess(res, { describeOp: describer(ops), ops, argv0: 'msbx-init', cwd: '/' });
       // The sandbox must not keep Node alive by itself: it dies with Node.
       init.unref();
       await init.ready;
