@@ -83,7 +83,7 @@ std::string CloneHint(int err) {
 
 // stdio entry: "pipe" | "null" | "pty" | fd number to inherit.
 // Fills the child's source fd and, for pipes, the parent's end.
-bool WireStdio(Napi::Env env, Napi::Value spec, int target, bool pty, FdSet& owned, FdSet& child_only,
+bool WireStdio(Napi::Value spec, int target, bool pty, FdSet& owned, FdSet& child_only,
                Plan& plan, int& parent_end, std::string& error) {
   parent_end = -1;
   int source = -1;
@@ -110,7 +110,6 @@ bool WireStdio(Napi::Env env, Napi::Value spec, int target, bool pty, FdSet& own
   } else {
     return error = "stdio entries must be 'pipe', 'null', 'pty' or an fd number", false;
   }
-  (void)env;
   plan.fds.push_back({target, source});
   return true;
 }
@@ -172,7 +171,7 @@ bool Prepare(Napi::Env env, const Napi::Object& obj, Prepared& p, bool enter) {
     }
     Napi::Array stdio = stdio_v.As<Napi::Array>();
     for (int i = 0; i < 3; i++) {
-      if (!WireStdio(env, stdio.Get(i), i, plan.pty, p.owned, p.child_only, plan, p.parent_ends[i], error)) {
+      if (!WireStdio(stdio.Get(i), i, plan.pty, p.owned, p.child_only, plan, p.parent_ends[i], error)) {
         Napi::TypeError::New(env, error).ThrowAsJavaScriptException();
         return false;
       }

@@ -536,21 +536,24 @@ void SetUpFilesystem(const Plan& plan) {
   if (chdir("/") < 0) Fail(Step::PivotRoot);
 }
 
-// Closes every fd but `a` and `b` (-1: none). The fds to keep stay where
-// they are: with many fds open in Node, no "high" region is known to be free.
-void CloseAllExcept(int a, int b = -1) {
-  if (a > b) {
-    int t = a;
-    a = b;
-    b = t;
-  }
+// Closes every fd but the `n` in `keep` (ascending). The fds kept stay
+// where they are: with many fds open in Node, no "high" region is known to
+// be free.
+void CloseAllExcept(const int* keep, size_t n) {
   unsigned lo = 0;
-  for (int keep : {a, b}) {
-    if (keep < 0) continue;
-    if (static_cast<unsigned>(keep) > lo) sys::close_range(lo, static_cast<unsigned>(keep) - 1, 0);
-    lo = static_cast<unsigned>(keep) + 1;
+  for (size_t i = 0; i < n; i++) {
+    unsigned fd = static_cast<unsigned>(keep[i]);
+    if (fd > lo) sys::close_range(lo, fd - 1, 0);
+    lo = fd + 1;
   }
   sys::close_range(lo, ~0u, 0);
+}
+
+void CloseAllExcept(int a) { CloseAllExcept(&a, 1); }
+
+void CloseAllExcept(int a, int b) {
+  int keep[2] = {a < b ? a : b, a < b ? b : a};
+  CloseAllExcept(keep, 2);
 }
 
 // Moves every fd the plan maps (and the error pipe) above kHighFd, then
@@ -573,15 +576,11 @@ void WireFds(const Plan& plan) {
   for (size_t i = 0; i < n; i++) {
     if (dup2(high[i], plan.fds[i].target) < 0) Fail(Step::Fds);
   }
-  // Close every fd that is neither a target nor the error pipe. Targets are
-  // sorted, so the gaps between them are ranges.
-  unsigned lo = 0;
-  for (size_t i = 0; i <= n; i++) {
-    unsigned hi = i < n ? static_cast<unsigned>(plan.fds[i].target) : static_cast<unsigned>(g_err_fd);
-    if (hi > lo) sys::close_range(lo, hi - 1, 0);
-    lo = hi + 1;
-  }
-  sys::close_range(static_cast<unsigned>(g_err_fd) + 1, ~0u, 0);
+  // Keep the targets (sorted, all below kHighFd) and the error pipe (above).
+  int keep[65];
+  for (size_t i = 0; i < n; i++) keep[i] = plan.fds[i].target;
+  keep[n] = g_err_fd;
+  CloseAllExcept(keep, n + 1);
 }
 
 void DropCapabilities(uint64_t keep) {
