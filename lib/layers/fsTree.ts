@@ -85,10 +85,12 @@ export interface TreeCounts {
 }
 
 /**
- * Delete a tree we own (a layer or a staging dir inside the store). Layer
- * directories are read-only, so an unprivileged owner must first give
- * itself write permission on directories; lstat-based, never follows a
- * symlink out of the tree. fs.rm itself unlinks symlinks without following.
+ * Delete a tree we own (a layer, a staging dir, a sandbox's private
+ * directory). Read-only or mode-000 directories (layers, overlay's work
+ * dir) are made writable first; lstat-based, it never follows a symlink out
+ * of the tree (fs.rm unlinks symlinks without following them), and it
+ * refuses to enter another filesystem, so a mount point inside is never
+ * emptied.
  */
 export async function removeTree(target: string): Promise<void> {
   let st;
@@ -98,13 +100,14 @@ export async function removeTree(target: string): Promise<void> {
     if (errnoCode(err) === 'ENOENT') return;
     throw err;
   }
-  if (st.isDirectory()) await makeDirsWritable(target);
+  if (st.isDirectory()) await makeDirsWritable(target, st.dev);
   await fsp.rm(target, { recursive: true, force: true });
 }
 
-async function makeDirsWritable(dir: string): Promise<void> {
+async function makeDirsWritable(dir: string, dev: number): Promise<void> {
   const st = await fsp.lstat(dir);
   if (!st.isDirectory()) return;
+  if (st.dev !== dev) throw new Error(`refusing to delete ${dir}: it is on another filesystem`);
   if ((st.mode & 0o700) !== 0o700) await fsp.chmod(dir, (st.mode & 0o7777) | 0o700);
-  for (const name of await fsp.readdir(dir)) await makeDirsWritable(path.join(dir, name));
+  for (const name of await fsp.readdir(dir)) await makeDirsWritable(path.join(dir, name), dev);
 }

@@ -2,11 +2,12 @@
  * What this machine lets a sandbox do, checked for real (by starting small
  * sandboxes), with the reason wherever something does not work.
  */
-import { accessSync, constants, existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { release, tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { writable as canWrite } from './limits.js';
 import { run } from './run.js';
-import { removeTree } from './state.js';
+import { removeTree } from '../layers/fsTree.js';
 
 export interface Check {
   name: string;
@@ -71,16 +72,7 @@ async function overlayCheck(): Promise<Check> {
       mounts: [{ type: 'overlay', target: '/o', lower: [join(dir, 'lower')], upper: join(dir, 'upper'), work: join(dir, 'work') }],
     });
   } finally {
-    removeTree(dir); // overlay leaves a mode-000 work dir that rmSync cannot enter
-  }
-}
-
-function canWrite(path: string): boolean {
-  try {
-    accessSync(path, constants.W_OK);
-    return true;
-  } catch {
-    return false;
+    await removeTree(dir); // overlay leaves a mode-000 work dir that rmSync cannot enter
   }
 }
 

@@ -28,7 +28,8 @@ import {
 import { FILE_CAPABILITIES, WORK_DIR } from './policy.js';
 import { SandboxProcess, callNative } from './process.js';
 import { collectResult, type RunResult } from './run.js';
-import { collectGarbage, createPrivateDir, defaultStateDir, ensureStateDir, newSandboxId, removeTree } from './state.js';
+import { removeTree } from '../layers/fsTree.js';
+import { collectGarbage, createPrivateDir, defaultStateDir, ensureStateDir, newSandboxId } from './state.js';
 
 export interface SandboxCreateOptions extends SandboxOptions {
   /** Where private directories live (default $XDG_RUNTIME_DIR/minisandbox or /tmp/minisandbox-UID). */
@@ -80,8 +81,6 @@ export interface ShellOptions {
   rows?: number;
 }
 
-/** File operations work on any file of the sandbox, whatever its mode. */
-const FILE_CAPS = FILE_CAPABILITIES;
 
 const collectedStateDirs = new Set<string>();
 
@@ -150,7 +149,7 @@ export class Sandbox implements AsyncDisposable {
     // Leftovers of owners that died (even by SIGKILL) go at the next start.
     if (!collectedStateDirs.has(stateDir)) {
       collectedStateDirs.add(stateDir);
-      collectGarbage(stateDir);
+      await collectGarbage(stateDir);
     }
     const id = newSandboxId();
     const privateDir = createPrivateDir(stateDir, id);
@@ -190,7 +189,7 @@ export class Sandbox implements AsyncDisposable {
       return new Sandbox({ id, privateDir, init, part, limits, env, cwd: startCwd, capabilities });
     } catch (e) {
       await limits?.remove().catch(() => {});
-      removeTree(privateDir);
+      await removeTree(privateDir);
       throw e;
     }
   }
@@ -292,13 +291,14 @@ export class Sandbox implements AsyncDisposable {
 
   // File operations run as a process of the sandbox, so a path resolves
   // exactly as the sandbox sees it: a symlink planted inside can only lead
-  // to somewhere the sandbox can already see.
+  // to somewhere the sandbox can already see. They hold FILE_CAPABILITIES,
+  // so they work on any file of the sandbox, whatever its mode.
 
   async readFile(path: string): Promise<Buffer>;
   async readFile(path: string, encoding: BufferEncoding): Promise<string>;
   async readFile(path: string, encoding?: BufferEncoding): Promise<Buffer | string> {
     const p = this.#path(path);
-    const r = await this.exec(['cat', '--', p], { encoding: 'buffer', capabilities: FILE_CAPS });
+    const r = await this.exec(['cat', '--', p], { encoding: 'buffer', capabilities: FILE_CAPABILITIES });
     if (r.exitCode !== 0) throw new SandboxError(`readFile ${p}: ${r.stderr.toString().replace(/^cat: [^:]*: /, '').trim() || `exit ${r.exitCode}`}`);
     return encoding ? r.stdout.toString(encoding) : r.stdout;
   }
@@ -308,7 +308,7 @@ export class Sandbox implements AsyncDisposable {
     const mode = opts.mode !== undefined ? `chmod ${opts.mode.toString(8)} "$1" && ` : '';
     const r = await this.exec(['/bin/sh', '-c', `mkdir -p "$(dirname "$1")" && cat > "$1" && ${mode}true`, 'sh', p], {
       input: data,
-      capabilities: FILE_CAPS,
+      capabilities: FILE_CAPABILITIES,
     });
     if (r.exitCode !== 0) throw new SandboxError(`writeFile ${p}: ${r.stderr.trim().replace(/^\/bin\/sh: \d+: /, '') || `exit ${r.exitCode}`}`);
   }
@@ -324,7 +324,7 @@ export class Sandbox implements AsyncDisposable {
     const tar = hostSpawn('tar', ['-C', hostPath, '-cf', '-', '.'], { stdio: ['ignore', 'pipe', 'pipe'] });
     const proc = this.spawn(['/bin/sh', '-c', 'mkdir -p "$1" && exec tar -C "$1" --no-same-owner -xf -', 'sh', p], {
       stdin: 'pipe',
-      capabilities: FILE_CAPS,
+      capabilities: FILE_CAPABILITIES,
     });
     tar.stdout.pipe(proc.stdin!);
     const result = await collectResult(proc, { started: performance.now(), keepStdin: true });
@@ -334,7 +334,7 @@ export class Sandbox implements AsyncDisposable {
   /** Copies a file or directory at `path` in the sandbox to the host. */
   async download(path: string, hostPath: string): Promise<void> {
     const p = this.#path(path);
-    const kind = await this.exec(['/bin/sh', '-c', 'if [ -d "$1" ]; then echo dir; elif [ -e "$1" ]; then echo file; fi', 'sh', p], { capabilities: FILE_CAPS });
+    const kind = await this.exec(['/bin/sh', '-c', 'if [ -d "$1" ]; then echo dir; elif [ -e "$1" ]; then echo file; fi', 'sh', p], { capabilities: FILE_CAPABILITIES });
     if (kind.stdout.trim() === 'file') {
       mkdirSync(dirname(hostPath), { recursive: true });
       writeFileSync(hostPath, await this.readFile(p));
@@ -346,7 +346,7 @@ export class Sandbox implements AsyncDisposable {
     const tmp = mkdtempSync(join(tmpdir(), 'msbx-download-'));
     try {
       const archive = join(tmp, 'tree.tar');
-      const r = await this.exec(['tar', '-C', p, '-cf', '-', '.'], { encoding: 'buffer', capabilities: FILE_CAPS, maxBuffer: 4 * 1024 ** 3 });
+      const r = await this.exec(['tar', '-C', p, '-cf', '-', '.'], { encoding: 'buffer', capabilities: FILE_CAPABILITIES, maxBuffer: 4 * 1024 ** 3 });
       if (r.exitCode !== 0) throw new SandboxError(`download ${p}: ${r.stderr.toString().trim()}`);
       writeFileSync(archive, r.stdout);
       mkdirSync(hostPath, { recursive: true });
@@ -388,7 +388,7 @@ export class Sandbox implements AsyncDisposable {
       await this.#init.exited.catch(() => {});
       await Promise.all([...this.#running].map((p) => p.exited.catch(() => {})));
       await this.#limits.remove();
-      removeTree(this.privateDir);
+      await removeTree(this.privateDir);
     })();
     return this.#closing;
   }

@@ -2,23 +2,15 @@
  * Private directories of persistent sandboxes, their ownership records, and
  * garbage collection of those left behind by a process that died.
  *
- * Removal never follows a symlink and never crosses into another
- * filesystem: whatever a sandbox planted in its directory, only that
- * directory is deleted.
+ * Removal (layers/fsTree removeTree) never follows a symlink and never
+ * crosses into another filesystem: whatever a sandbox planted in its
+ * directory, only that directory is deleted.
  */
 import { randomBytes } from 'node:crypto';
-import {
-  chmodSync,
-  lstatSync,
-  mkdirSync,
-  readdirSync,
-  readFileSync,
-  rmdirSync,
-  unlinkSync,
-  writeFileSync,
-} from 'node:fs';
+import { chmodSync, lstatSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { removeTree } from '../layers/fsTree.js';
 import { ConfigError } from './errors.js';
 
 const OWNER_FILE = 'owner.json';
@@ -88,32 +80,6 @@ export function readOwner(dir: string): OwnerRecord | null {
   }
 }
 
-/**
- * Deletes a tree without following symlinks (lstat only) and without
- * entering another filesystem. Directories a sandbox left unreadable (or
- * overlay's mode-000 work dir) are made accessible first: they are ours.
- */
-export function removeTree(path: string): void {
-  let root;
-  try {
-    root = lstatSync(path);
-  } catch {
-    return;
-  }
-  const walk = (p: string, dev: number): void => {
-    const st = lstatSync(p);
-    if (!st.isDirectory()) {
-      unlinkSync(p);
-      return;
-    }
-    if (st.dev !== dev) throw new Error(`refusing to delete ${p}: it is on another filesystem`);
-    if ((st.mode & 0o700) !== 0o700) chmodSync(p, 0o700);
-    for (const entry of readdirSync(p)) walk(join(p, entry), dev);
-    rmdirSync(p);
-  };
-  walk(path, root.dev);
-}
-
 export interface GcResult {
   removed: string[];
   /** Directories of live owners, left alone. */
@@ -127,7 +93,7 @@ export interface GcResult {
  * a readable record are left alone unless they are older than a minute
  * (a sandbox being created writes its record right after mkdir).
  */
-export function collectGarbage(stateDir: string): GcResult {
+export async function collectGarbage(stateDir: string): Promise<GcResult> {
   const result: GcResult = { removed: [], kept: [], failed: [] };
   let entries: string[];
   try {
@@ -144,7 +110,7 @@ export function collectGarbage(stateDir: string): GcResult {
         result.kept.push(dir);
         continue;
       }
-      removeTree(dir);
+      await removeTree(dir);
       result.removed.push(dir);
     } catch (e) {
       // Gone meanwhile (its owner closed it, or another gc got there first).

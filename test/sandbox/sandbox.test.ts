@@ -180,7 +180,7 @@ describe('crash safety', () => {
       expect(await waitFor(() => hostPidsMatching(mark).length === 0)).toBe(true);
       await waitFor(() => child.exitCode !== null || child.signalCode !== null);
       expect(existsSync(privateDir)).toBe(true);
-      const gc = collectGarbage(state.path);
+      const gc = await collectGarbage(state.path);
       expect(gc.removed).toEqual([privateDir]);
       expect(gc.kept).toContain(live.privateDir);
       expect(existsSync(privateDir)).toBe(false);

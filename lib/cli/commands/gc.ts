@@ -15,7 +15,7 @@ export async function gcCommand(args: string[]): Promise<number> {
     process.stderr.write('minisandbox gc: --state-dir needs a directory\n');
     return 2;
   }
-  const r = collectGarbage(dir);
+  const r = await collectGarbage(dir);
   if (args.includes('--json')) {
     process.stdout.write(JSON.stringify(r, null, 2) + '\n');
   } else {
