@@ -36,7 +36,8 @@ export function parseSize(option: string, v: number | string): number {
 const V1 = '/sys/fs/cgroup';
 const CPU_PERIOD_US = 100_000;
 
-function writable(path: string): boolean {
+/** Whether this process may write `path` (a cgroup file or directory, a device). */
+export function writable(path: string): boolean {
   try {
     accessSync(path, constants.W_OK);
     return true;

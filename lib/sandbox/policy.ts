@@ -41,19 +41,10 @@ export const WORK_DIR = '/work';
  * Small host files are copied into the sandbox's root rather than bound: a
  * write into a tmpfs costs a fraction of a mount, and the sandbox then
  * holds (and tears down) far fewer mounts. The copy is private to the
- * sandbox; the host file is never reachable from it.
+ * sandbox; the host file is never reachable from it. (hostRoot() reads
+ * them at most once per HOST_ROOT_TTL_MS.)
  */
 export const COPY_FILES_UP_TO = 256 * 1024;
-
-const fileCache = new Map<string, { mtimeMs: number; size: number; data: Buffer }>();
-
-function hostFileContent(path: string, st: { mtimeMs: number; size: number }): Buffer {
-  const hit = fileCache.get(path);
-  if (hit && hit.mtimeMs === st.mtimeMs && hit.size === st.size) return hit.data;
-  const data = readFileSync(path);
-  fileCache.set(path, { mtimeMs: st.mtimeMs, size: st.size, data });
-  return data;
-}
 
 /**
  * Ops for a host path in the 'host' root: a symlink stays a symlink (merged
@@ -70,7 +61,7 @@ export function mirrorHostPath(path: string, target = path): NativeOp[] {
   if (st.isSymbolicLink()) return [{ kind: 'symlink', src: readlinkSync(path), dst: target }];
   if (st.isFile() && st.size <= COPY_FILES_UP_TO) {
     try {
-      return [{ kind: 'write-file', dst: target, data: hostFileContent(path, st), mode: st.mode & 0o777 }];
+      return [{ kind: 'write-file', dst: target, data: readFileSync(path), mode: st.mode & 0o777 }];
     } catch {
       return []; // unreadable for this user: the sandbox does not get it either
     }
