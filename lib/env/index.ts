@@ -22,7 +22,6 @@ export { basePythonMounts, venvVariables } from './layout.js';
 export {
   createEnvSandbox,
   EnvSandbox,
-  ENV_FILE_CAPABILITIES,
   type EnvSandboxOptions,
   type EnvSandboxSetup,
 } from './sandboxFromEnv.js';

@@ -26,14 +26,6 @@ import { placeExtracted, placeOverlay, type Placement, type Rewrite } from './pl
 import { createPrivateTree, type PrivateTree } from './privateTree.js';
 import { checkEnvPath } from './recipe.js';
 
-/**
- * Store layers are read-only (files 0444, dirs 0555) so that no host
- * process can alter a shared, hard-linked inode. Inside the sandbox the
- * caller is root but holds no capabilities by default, so without these it
- * could not edit the repo it was given: every process of an env sandbox
- * (shells included) gets them unless the caller names its own.
- */
-export const ENV_FILE_CAPABILITIES = FILE_CAPABILITIES;
 
 export interface EnvSandboxOptions extends SandboxCreateOptions {
   /** 'overlay' (default): mount the store's layers; 'extract': unpack private copies (the baseline). */
@@ -100,7 +92,12 @@ export class EnvSandbox implements AsyncDisposable {
  */
 export async function createEnvSandbox(env: Env, opts: EnvSandboxOptions = {}): Promise<EnvSandbox> {
   const started = performance.now();
-  const { mode = 'overlay', venvPath: venvOpt, repoPath: repoOpt, store, capabilities = ENV_FILE_CAPABILITIES, ...sandboxOpts } = opts;
+  // Store layers are read-only (files 0444, dirs 0555) so that no host
+  // process can alter a shared, hard-linked inode; without these, root in the
+  // sandbox (holding no capabilities by default) could not edit the repo it
+  // was given. Every process of an env sandbox, shells included, gets them
+  // unless the caller names its own.
+  const { mode = 'overlay', venvPath: venvOpt, repoPath: repoOpt, store, capabilities = FILE_CAPABILITIES, ...sandboxOpts } = opts;
   if (mode !== 'overlay' && mode !== 'extract') throw new EnvError(`env ${env.id}: mode ${JSON.stringify(mode)} must be 'overlay' or 'extract'`);
   const venvPath = venvOpt !== undefined ? checkEnvPath('venvPath', venvOpt) : env.venvPath;
   const repoPath = env.repo ? (repoOpt !== undefined ? checkEnvPath('repoPath', repoOpt) : env.repoPath) : undefined;

@@ -33,7 +33,6 @@ export const SWEREX_PS1 = 'SHELLPS1PREFIX';
 /** Where relative paths and `cwd`s start, as the sandbox's commands do. */
 
 /** What file operations may override, as Sandbox#readFile/writeFile use. */
-const FILE_CAPS = FILE_CAPABILITIES;
 
 /** Printed by the exec wrapper when the program does not exist (Python: FileNotFoundError). */
 const NOT_FOUND_MARKER = '__msbx_exec_not_found__';
@@ -204,7 +203,7 @@ export async function upload(m: ManagedSandbox, form: UploadForm, zipLimits: Zip
   const script =
     't=$(mktemp /tmp/.msbx-upload-XXXXXX) || exit 120; trap \'rm -f "$t"\' EXIT; ' +
     'cat > "$t" && mkdir -p -- "$1" && unzip -qq -o "$t" -d "$1"';
-  const r = await m.sandbox.exec(['/bin/sh', '-c', script, 'sh', target], { input: form.file, capabilities: FILE_CAPS });
+  const r = await m.sandbox.exec(['/bin/sh', '-c', script, 'sh', target], { input: form.file, capabilities: FILE_CAPABILITIES });
   // unzip: 1 is "completed with warnings".
   if (r.exitCode === 0 || r.exitCode === 1) return {};
   if (r.exitCode === 127) throw new PythonError('builtins.RuntimeError', 'unzip is not installed in the sandbox: cannot unpack the upload');

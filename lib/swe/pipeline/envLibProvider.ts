@@ -13,7 +13,7 @@ import type { Layer, LayerStore } from '../../layers/store.js';
 import type { Task } from '../tasks.js';
 import { resolveBasePython } from './basePython.js';
 import { EnvBuildError } from './localProvider.js';
-import { hashKey, lockRef, readRef, writeRef } from './refs.js';
+import { envIdentity, hashKey, lockRef, readRef, writeRef } from './refs.js';
 import { TESTBED, type EnvProvider, type PreparedTask, type SandboxRequest, type StepOutcome, type TaskSandbox } from './types.js';
 
 const SYSTEM_SITE = `sed -i 's/^include-system-site-packages = false$/include-system-site-packages = true/' "$VIRTUAL_ENV/pyvenv.cfg"`;
@@ -24,16 +24,7 @@ export class EnvLibProvider implements EnvProvider {
   constructor(private readonly opts: { store: LayerStore; stateDir?: string }) {}
 
   envKey(task: Task): string {
-    const python = resolveBasePython(task);
-    return hashKey({
-      provider: this.name,
-      repo: task.repo,
-      source: task.repo_path ?? task.repo_url,
-      version: task.version,
-      python: typeof python === 'string' ? task.python : [python.path, python.version],
-      install: task.install,
-      setup: task.environment_setup_commit ?? task.base_commit,
-    });
+    return hashKey({ provider: this.name, ...envIdentity(task) });
   }
 
   async prepareEnv(task: Task): Promise<StepOutcome<Env>> {

@@ -19,7 +19,7 @@ import {
   testPatchScript,
   testScript,
 } from './evalScript.js';
-import { FILE_CAPABILITIES } from './localProvider.js';
+import { EVAL_CAPABILITIES } from './localProvider.js';
 import type { PreparedTask, SandboxRequest, TaskSandbox } from './types.js';
 
 export interface EvaluateOptions {
@@ -126,7 +126,7 @@ async function runSteps(
   const signal = opts.signal ? { signal: opts.signal } : {};
   const setupTimeout = opts.setupTimeoutMs ?? 120_000;
   const run = (script: string, timeout: number) =>
-    sb.exec(['/bin/bash', '-c', script], { timeout, capabilities: FILE_CAPABILITIES, ...signal });
+    sb.exec(['/bin/bash', '-c', script], { timeout, capabilities: EVAL_CAPABILITIES, ...signal });
 
   for (const [file, text] of [[PATCH_FILE, patch], [TEST_PATCH_FILE, task.test_patch]] as const) {
     const w = await sb.exec(['/bin/sh', '-c', 'cat > "$1"', 'sh', file], { input: text, timeout: setupTimeout, ...signal });

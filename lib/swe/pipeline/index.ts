@@ -1,6 +1,6 @@
 /** Preparing task environments and evaluating patches in sandboxes. */
 export { TESTBED, type EnvProvider, type PreparedTask, type PreparedEnvInfo, type PrepareProgress, type SandboxRequest, type StepOutcome } from './types.js';
-export { LocalEnvProvider, EnvBuildError, FILE_CAPABILITIES, type LocalProviderOptions } from './localProvider.js';
+export { LocalEnvProvider, EnvBuildError, EVAL_CAPABILITIES, type LocalProviderOptions } from './localProvider.js';
 export { resolveBasePython, type BasePython } from './basePython.js';
 export { prepareTasks, checkTaskForPrepare, type PrepareOptions, type PrepareResult, type PrepareFailure, type PrepareSummary } from './prepare.js';
 export { evaluate, type EvaluateOptions, type EvalResult, type EvalTimings } from './evaluate.js';

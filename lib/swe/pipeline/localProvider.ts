@@ -16,17 +16,22 @@ import { join } from 'node:path';
 import { packRepoLayer } from '../../layers/gitRepo.js';
 import type { Layer, LayerStore } from '../../layers/store.js';
 import type { Mount } from '../../sandbox/options.js';
+import { FILE_CAPABILITIES } from '../../sandbox/policy.js';
 import { Sandbox } from '../../sandbox/sandbox.js';
 import type { Task } from '../tasks.js';
 import { needsBind, resolveBasePython, type BasePython } from './basePython.js';
-import { hashKey, lockRef, readRef, writeRef } from './refs.js';
+import { envIdentity, hashKey, lockRef, readRef, writeRef } from './refs.js';
 import { TESTBED, type EnvProvider, type PreparedTask, type SandboxRequest, type StepOutcome } from './types.js';
 
 /** Bumped when the way venvs are built changes, so old refs are not reused. */
 const VENV_RECIPE_VERSION = 1;
 
-/** What commands need to write into read-only layer files (copied up on write). */
-export const FILE_CAPABILITIES = ['CAP_DAC_OVERRIDE', 'CAP_DAC_READ_SEARCH', 'CAP_FOWNER', 'CAP_CHOWN', 'CAP_FSETID'];
+/**
+ * What evaluation commands need to write into read-only layer files (copied
+ * up on write): the sandbox's file capabilities, and CAP_FSETID so that
+ * writing keeps a file's setgid bit as it would for root in a container.
+ */
+export const EVAL_CAPABILITIES = [...FILE_CAPABILITIES, 'CAP_FSETID'];
 
 const SYSTEM_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
@@ -97,18 +102,7 @@ export class LocalEnvProvider implements EnvProvider {
   }
 
   envKey(task: Task): string {
-    const python = resolveBasePython(task);
-    return hashKey({
-      recipe: VENV_RECIPE_VERSION,
-      repo: task.repo,
-      source: task.repo_path ?? task.repo_url,
-      version: task.version,
-      // The resolved interpreter, not just "3.11": another patch release is another venv.
-      python: typeof python === 'string' ? task.python : [python.path, python.version],
-      install: task.install,
-      setup: task.environment_setup_commit ?? task.base_commit,
-      network: this.#opts.installNetwork ?? 'none',
-    });
+    return hashKey({ recipe: VENV_RECIPE_VERSION, ...envIdentity(task), network: this.#opts.installNetwork ?? 'none' });
   }
 
   async prepareEnv(task: Task, opts: { signal?: AbortSignal } = {}): Promise<StepOutcome<VenvEnv>> {
