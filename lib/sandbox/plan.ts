@@ -77,9 +77,14 @@ function tmpfsData(option: string, size: unknown, m: number): string {
   return data;
 }
 
+/** A mount and the option it came from, for error messages (`mounts[2]`). */
+export interface NamedMount {
+  option: string;
+  mount: Mount;
+}
+
 /** Overlay in a user namespace needs user.* xattrs (kernel >= 5.11). */
-function mountOps(m: Mount, i: number, userns: boolean): NativeOp[] {
-  const at = `mounts[${i}]`;
+function mountOps(m: Mount, at: string, userns: boolean): NativeOp[] {
   if (typeof m !== 'object' || m === null) fail(at, 'must be an object');
   const target = checkSandboxPath(`${at}.target`, m.target);
   switch (m.type) {
@@ -123,15 +128,16 @@ function mountOps(m: Mount, i: number, userns: boolean): NativeOp[] {
 }
 
 /** Two mounts of the user's on one target would silently hide the first. */
-function checkConflicts(mounts: Mount[]): void {
-  const seen = new Map<string, number>();
-  mounts.forEach((m, i) => {
-    if (m.type === 'dir' || m.type === 'file' || m.type === 'symlink') return;
-    const t = checkSandboxPath(`mounts[${i}].target`, m.target);
+function checkConflicts(mounts: NamedMount[]): void {
+  const seen = new Map<string, string>();
+  for (const { option, mount: m } of mounts) {
+    if (typeof m !== 'object' || m === null) fail(option, 'must be an object');
+    if (m.type === 'dir' || m.type === 'file' || m.type === 'symlink') continue;
+    const t = checkSandboxPath(`${option}.target`, m.target);
     const prev = seen.get(t);
-    if (prev !== undefined) fail(`mounts[${i}]`, `conflicts with mounts[${prev}]: both mount on ${t}`);
-    seen.set(t, i);
-  });
+    if (prev !== undefined) fail(option, `conflicts with ${prev}: both mount on ${t}`);
+    seen.set(t, option);
+  }
 }
 
 export interface Identity {
@@ -288,8 +294,13 @@ function checkKeys(opts: object, allowed: Set<string>): void {
   for (const key of Object.keys(opts)) if (!allowed.has(key)) fail(key, 'unknown option');
 }
 
-/** Validates the sandbox options and builds the mount plan; throws ConfigError. */
-export function buildSandboxPart(opts: SandboxOptions, extraOps: NativeOp[] = []): SandboxPart {
+/**
+ * Validates the sandbox options and builds the mount plan; throws ConfigError.
+ * `extra` comes from callers above the options (a persistent sandbox's
+ * private overlays, environment layers): raw ops, and mounts validated and
+ * named like the user's own, placed before `mounts`.
+ */
+export function buildSandboxPart(opts: SandboxOptions, extra: { ops?: NativeOp[]; mounts?: NamedMount[] } = {}): SandboxPart {
   const ns = namespaces(opts);
   const id = identity(opts, ns);
   if (!ns.has('pid') && (opts.proc ?? true) && (opts.root ?? 'host') === 'host') {
@@ -323,14 +334,26 @@ export function buildSandboxPart(opts: SandboxOptions, extraOps: NativeOp[] = []
   } else if (opts.workDir !== undefined) {
     fail('workDir', "needs root 'host' (with root 'empty', bind it through mounts)");
   }
-  ops.push(...extraOps);
-  const mounts = opts.mounts ?? [];
-  if (!Array.isArray(mounts)) fail('mounts', 'must be an array');
+  ops.push(...(extra.ops ?? []));
+  const own = opts.mounts ?? [];
+  if (!Array.isArray(own)) fail('mounts', 'must be an array');
+  const mounts = [...(extra.mounts ?? []), ...own.map((mount, i) => ({ option: `mounts[${i}]`, mount }))];
   checkConflicts(mounts);
-  mounts.forEach((m, i) => ops.push(...mountOps(m, i, id.userns)));
+  for (const { option, mount } of mounts) ops.push(...mountOps(mount, option, id.userns));
   const rootSwitch = opts.rootSwitch ?? 'pivot_root';
   if (rootSwitch !== 'pivot_root' && rootSwitch !== 'chroot') fail('rootSwitch', "must be 'pivot_root' or 'chroot'");
   return { namespaces: [...ns], identity: id, hostname, root, prefix, ops, pivot: rootSwitch === 'pivot_root', readOnlyRoot: !!opts.readOnlyRoot };
+}
+
+/** 'CAP_CHOWN' or 'chown' -> 0; an unknown name is a ConfigError naming `option`. */
+export function capabilityNumbers(option: string, names: unknown): number[] {
+  if (!Array.isArray(names)) fail(option, "must be a list of capability names like 'CAP_CHOWN'");
+  return names.map((c) => {
+    const name = typeof c === 'string' ? c.toUpperCase() : '';
+    const n = CAPABILITIES[name.startsWith('CAP_') ? name : `CAP_${name}`];
+    if (n === undefined) fail(option, `unknown capability '${String(c)}'`);
+    return n;
+  });
 }
 
 /** The process half: argv, environment, ids, capabilities, stdio, limits. */
@@ -352,11 +375,7 @@ export function buildProcessPart(
       fail('user', `uid ${user.uid}/gid ${user.gid} is not mapped in the sandbox's user namespace (mapped: ${id.insideUid}/${id.insideGid})`);
     }
   }
-  const keepCaps = (opts.capabilities ?? defaults.capabilities ?? []).map((c) => {
-    const n = CAPABILITIES[c.toUpperCase().startsWith('CAP_') ? c.toUpperCase() : `CAP_${c.toUpperCase()}`];
-    if (n === undefined) fail('capabilities', `unknown capability '${c}'`);
-    return n;
-  });
+  const keepCaps = capabilityNumbers('capabilities', opts.capabilities ?? defaults.capabilities ?? []);
   let pty: NativePlan['pty'];
   if (opts.pty) {
     const p = typeof opts.pty === 'object' ? opts.pty : {};

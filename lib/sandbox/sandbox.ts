@@ -13,16 +13,18 @@ import { native, type NativeOp, type NativePlan } from '../native/index.js';
 import { ShellSession, type PtyChannel } from '../shell/index.js';
 import { ConfigError, SandboxError } from './errors.js';
 import { SandboxLimits, type Limits, type LimitReport } from './limits.js';
-import type { Mount, ProcessOptions, SandboxOptions } from './options.js';
+import type { ProcessOptions, SandboxOptions } from './options.js';
 import {
   KNOWN_OPTION_KEYS,
   PROCESS_OPTION_KEYS,
   allOps,
   buildProcessPart,
+  capabilityNumbers,
   buildSandboxPart,
   checkSandboxPath,
   describer,
   sandboxPlanFields,
+  type NamedMount,
   type SandboxPart,
 } from './plan.js';
 import { FILE_CAPABILITIES, WORK_DIR } from './policy.js';
@@ -157,16 +159,19 @@ export class Sandbox implements AsyncDisposable {
     try {
       const work = join(privateDir, 'work');
       mkdirSync(work);
-      const layered = overlays.map((o, i): Mount => {
+      if (!Array.isArray(overlays)) throw new ConfigError('overlays: must be an array of { target, lower }', 'overlays');
+      const layered = overlays.map((o, i): NamedMount => {
         const dir = join(privateDir, 'layers', String(i));
         mkdirSync(join(dir, 'upper'), { recursive: true });
         mkdirSync(join(dir, 'work'));
-        return { type: 'overlay', target: o.target, lower: o.lower, upper: join(dir, 'upper'), work: join(dir, 'work') };
+        return { option: `overlays[${i}]`, mount: { type: 'overlay', target: o?.target, lower: o?.lower, upper: join(dir, 'upper'), work: join(dir, 'work') } };
       });
       const part = buildSandboxPart(
-        { ...sandboxOpts, mounts: [...layered, ...(sandboxOpts.mounts ?? [])], workDir: sandboxOpts.workDir ?? work, hostname: sandboxOpts.hostname ?? id },
-        extraOps,
+        { ...sandboxOpts, workDir: sandboxOpts.workDir ?? work, hostname: sandboxOpts.hostname ?? id },
+        { ops: extraOps, mounts: layered },
       );
+      // Checked now, so a bad name fails here rather than at the first command.
+      if (capabilities !== undefined) capabilityNumbers('capabilities', capabilities);
       if (!part.namespaces.includes('pid')) throw new ConfigError('namespaces.pid: a persistent sandbox needs its PID namespace', 'namespaces.pid');
       const startCwd = checkSandboxPath('cwd', cwd ?? (part.root === 'host' ? WORK_DIR : '/'));
       limits = new SandboxLimits(id, limitOpts);

@@ -2,7 +2,7 @@ import { fork } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Sandbox, collectGarbage } from '../../lib/index.js';
+import { ConfigError, Sandbox, collectGarbage } from '../../lib/index.js';
 import { hostPidsMatching, tempDir, uniqueSleep, waitFor } from '../helpers.js';
 
 // Each test file gets its own state dir, so gc in one never races another.
@@ -105,6 +105,24 @@ describe('a persistent sandbox', () => {
     } finally {
       host.remove();
     }
+  });
+});
+
+describe('creation options', () => {
+  it('rejects bad overlays, capabilities and limits by name, leaving nothing behind', async () => {
+    const cases: [Parameters<typeof Sandbox.create>[0], RegExp][] = [
+      [{ overlays: [{ target: 'rel', lower: ['/usr'] }] }, /^overlays\[0\]\.target: 'rel' must be an absolute path$/],
+      [{ overlays: [{ target: '/env', lower: ['/no/such/layer'] }] }, /^overlays\[0\]\.lower\[0\]: overlay lower dir \/no\/such\/layer does not exist$/],
+      [{ overlays: [{ target: '/env', lower: ['/usr'] }], mounts: [{ type: 'tmpfs', target: '/env' }] }, /^mounts\[0\]: conflicts with overlays\[0\]: both mount on \/env$/],
+      [{ capabilities: ['CAP_TELEPORT'] }, /^capabilities: unknown capability 'CAP_TELEPORT'$/],
+      [{ limits: { pids: 0 } }, /^limits\.pids: must be a positive integer$/],
+    ];
+    for (const [opts, message] of cases) {
+      const err = await create(opts).catch((e) => e);
+      expect(err).toBeInstanceOf(ConfigError);
+      expect(err.message).toMatch(message);
+    }
+    expect(readdirSync(state.path)).toEqual([]);
   });
 });
 
