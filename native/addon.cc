@@ -17,6 +17,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -140,8 +143,121 @@ struct Prepared {
   int parent_ends[3] = {-1, -1, -1};
   int pty_sock[2] = {-1, -1};
   int sync[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
-  int pid_pipe[2] = {-1, -1}, control[2] = {-1, -1};
+  int control[2] = {-1, -1};
+  // Sources cloned here that the kernel could not idmap: {op index, errno}.
+  std::vector<std::pair<int, int>> idmap_fallbacks;
 };
+
+// Node's own pidfd, inherited by every child: polled after a credential
+// change to learn whether Node died meanwhile (see DieWithParent).
+int OwnerPidfd() {
+  static int fd = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
+  return fd;
+}
+
+// A user namespace with the given maps, kept by an fd: the id mapping that
+// idmapped mounts (OP_IDMAP) apply. One per distinct mapping, made on first
+// use by a child that only waits while its maps are written.
+int IdmapUserns(const std::string& uid_map, const std::string& gid_map, int& err) {
+  static std::map<std::string, int> cache;
+  std::string key = uid_map + "|" + gid_map;
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int hold[2];
+  if (pipe2(hold, O_CLOEXEC) < 0) return err = errno, -1;
+  struct clone_args args;
+  memset(&args, 0, sizeof args);
+  args.flags = CLONE_NEWUSER;
+  args.exit_signal = SIGCHLD;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  long pid = syscall(SYS_clone3, &args, sizeof args);
+  if (pid == 0) {
+    // EOF once the parent closes its end: our copy of that end goes first.
+    close(hold[1]);
+    char c;
+    while (read(hold[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    _exit(0);
+  }
+  err = errno;
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  close(hold[0]);
+  int fd = -1;
+  if (pid > 0) {
+    std::string ns = "/proc/" + std::to_string(pid) + "/ns/user";
+    if (WriteProcFile(static_cast<pid_t>(pid), "uid_map", uid_map, err) &&
+        WriteProcFile(static_cast<pid_t>(pid), "gid_map", gid_map, err)) {
+      fd = open(ns.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) err = errno;
+    }
+  }
+  close(hold[1]);
+  if (pid > 0) waitpid(static_cast<pid_t>(pid), nullptr, 0);
+  if (fd >= 0) cache[key] = fd;
+  return fd;
+}
+
+// A detached recursive clone of the host path, with the mount attributes
+// and (userns >= 0) the id mapping applied; -errno when it cannot be made.
+// A filesystem that cannot be idmapped gets a plain clone and a fallback
+// record, so the sandbox still starts and says which mounts are not mapped.
+int CloneHostSource(const std::string& path, uint64_t attrs, int userns, int op, Prepared& p) {
+  int tree = sys::open_tree(AT_FDCWD, path.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+  if (tree < 0) return -errno;
+  struct mount_attr attr;
+  memset(&attr, 0, sizeof attr);
+  attr.attr_set = attrs;
+  if (userns >= 0) {
+    attr.attr_set |= MOUNT_ATTR_IDMAP;
+    attr.userns_fd = static_cast<uint64_t>(userns);
+    if (sys::mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) == 0) return tree;
+    p.idmap_fallbacks.push_back({op, errno});
+    attr.attr_set = attrs;
+    attr.userns_fd = 0;
+  }
+  if (attr.attr_set && sys::mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0) {
+    int e = errno;
+    close(tree);
+    return -e;
+  }
+  return tree;
+}
+
+// Clones the host sources of OP_CLONE_IN_PARENT ops, in the order the child
+// takes them (plan.source_fds). The child inherits the fds at clone().
+bool CloneSourcesInParent(Napi::Env env, Prepared& p) {
+  Plan& plan = p.plan;
+  size_t n_prefix = plan.prefix_ops ? plan.prefix_ops->size() : 0;
+  int userns = -1;
+  for (size_t i = 0; i < n_prefix + plan.ops.size(); i++) {
+    const MountOp& m = i < n_prefix ? (*plan.prefix_ops)[i] : plan.ops[i - n_prefix];
+    if (!(m.flags & OP_CLONE_IN_PARENT)) continue;
+    if ((m.flags & (OP_IDMAP | OP_UPPER_IDMAP)) && userns < 0) {
+      int err = 0;
+      userns = IdmapUserns(plan.uid_map, plan.gid_map, err);
+      if (userns < 0) {
+        SysError(env, "creating the user namespace for idmapped mounts ('" + plan.uid_map + "')", err)
+            .ThrowAsJavaScriptException();
+        return false;
+      }
+    }
+    int op = static_cast<int>(i);
+    auto add = [&](const std::string& path, uint64_t attrs, bool idmap) {
+      int fd = CloneHostSource(path, attrs, idmap ? userns : -1, op, p);
+      p.child_only.Add(fd);
+      plan.source_fds.push_back(fd);
+    };
+    if (m.kind == OpKind::Bind) {
+      add(m.src, MountAttrs(m.flags), m.flags & OP_IDMAP);
+    } else {
+      for (const std::string& lower : m.lowers) add(lower, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, m.flags & OP_IDMAP);
+      if (!m.upper_base.empty()) add(m.upper_base, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, m.flags & OP_UPPER_IDMAP);
+    }
+  }
+  return true;
+}
 
 bool Prepare(Napi::Env env, const Napi::Object& obj, Prepared& p, bool enter) {
   std::string error;
@@ -203,16 +319,24 @@ bool Prepare(Napi::Env env, const Napi::Object& obj, Prepared& p, bool enter) {
     }
   }
   plan.finalize();
+  for (const std::string& procs : plan.cgroup_procs) {
+    int fd = open(procs.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+      SysError(env, "opening " + procs + " (the sandbox's cgroup)", errno).ThrowAsJavaScriptException();
+      return false;
+    }
+    plan.cgroup_fds.push_back(p.child_only.Add(fd));
+  }
   if (!p.stacks.base) {
     SysError(env, "mmap of the child stacks", errno).ThrowAsJavaScriptException();
     return false;
   }
 
   bool ok = pipe2(p.sync, O_CLOEXEC) == 0 && pipe2(p.err, O_CLOEXEC) == 0 && pipe2(p.status, O_CLOEXEC) == 0;
-  if (ok && enter) ok = pipe2(p.pid_pipe, O_CLOEXEC) == 0 && pipe2(p.control, O_CLOEXEC) == 0;
+  if (ok && enter) ok = pipe2(p.control, O_CLOEXEC) == 0;
   int e = errno;
-  for (int fd : {p.sync[1], p.err[0], p.status[0], p.pid_pipe[0], p.control[1]}) p.owned.Add(fd);
-  for (int fd : {p.sync[0], p.err[1], p.status[1], p.pid_pipe[1], p.control[0]}) p.child_only.Add(fd);
+  for (int fd : {p.sync[1], p.err[0], p.status[0], p.control[1]}) p.owned.Add(fd);
+  for (int fd : {p.sync[0], p.err[1], p.status[1], p.control[0]}) p.child_only.Add(fd);
   if (!ok) {
     SysError(env, "pipe2", e).ThrowAsJavaScriptException();
     return false;
@@ -220,8 +344,8 @@ bool Prepare(Napi::Env env, const Napi::Object& obj, Prepared& p, bool enter) {
   return true;
 }
 
-// The parent's side before the child may run anything: id maps (new
-// sandbox) and cgroup membership, so nothing escapes a limit even briefly.
+// The parent's side before the child may run anything: the id maps of a
+// new sandbox.
 bool ReleaseChild(Napi::Env env, Prepared& p, pid_t pid, int pidfd, bool write_maps) {
   const Plan& plan = p.plan;
   auto abort_child = [&](const std::string& what, int e) {
@@ -239,14 +363,6 @@ bool ReleaseChild(Napi::Env env, Prepared& p, pid_t pid, int pidfd, bool write_m
       return abort_child("writing the sandbox's uid_map '" + plan.uid_map + "'", e);
     if (!plan.gid_map.empty() && !WriteProcFile(pid, "gid_map", plan.gid_map, e))
       return abort_child("writing the sandbox's gid_map '" + plan.gid_map + "'", e);
-  }
-  for (const std::string& procs : plan.cgroup_procs) {
-    int fd = open(procs.c_str(), O_WRONLY | O_CLOEXEC);
-    std::string text = std::to_string(pid);
-    bool wrote = fd >= 0 && write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-    e = errno;
-    if (fd >= 0) close(fd);
-    if (!wrote) return abort_child("adding the sandbox to " + procs, e);
   }
   char go = 1;
   if (write(p.sync[1], &go, 1) != 1) return abort_child("releasing the sandbox child", errno);
@@ -269,6 +385,14 @@ Napi::Object Result(Napi::Env env, Prepared& p, long pid, int pidfd) {
     result.Set(key, fd >= 0 ? Napi::Number::New(env, fd) : env.Null());
   };
   result.Set("pid", pid > 0 ? Napi::Number::New(env, static_cast<double>(pid)) : env.Null());
+  Napi::Array fallbacks = Napi::Array::New(env, p.idmap_fallbacks.size());
+  for (size_t i = 0; i < p.idmap_fallbacks.size(); i++) {
+    Napi::Object f = Napi::Object::New(env);
+    f.Set("op", Napi::Number::New(env, p.idmap_fallbacks[i].first));
+    f.Set("errno", Napi::Number::New(env, p.idmap_fallbacks[i].second));
+    fallbacks.Set(static_cast<uint32_t>(i), f);
+  }
+  result.Set("idmapFallbacks", fallbacks);
   give("pidfd", pidfd);
   give("errFd", p.err[0]);
   give("statusFd", p.status[0]);
@@ -291,10 +415,11 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   if (!Prepare(env, info[0].As<Napi::Object>(), p, false)) return env.Undefined();
   const Plan& plan = p.plan;
 
+  if (!CloneSourcesInParent(env, p)) return env.Undefined();
   // The mount namespace always: ReadPlan refuses a plan without it.
   uint64_t flags = NamespaceCloneFlags(plan.namespaces) | CLONE_NEWNS;
 
-  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], -1, -1, p.stacks.a(), p.stacks.b()};
+  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], -1, OwnerPidfd(), p.stacks.a(), p.stacks.b()};
   int pidfd = -1;
   // Every signal stays blocked across clone() so none is delivered to the
   // child through Node's handlers before it resets them.
@@ -316,8 +441,8 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
 }
 
 // enter(targetPidfd, plan): a command in the sandbox whose PID 1 is target.
-// The monitor it starts is a child of ours; its pid comes back from the
-// short-lived go-between, which is reaped here.
+// The child joins the sandbox's namespaces and stays, as the command's
+// monitor, outside its PID namespace (see RunEnter).
 Napi::Value Enter(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (info.Length() < 2 || !info[0].IsNumber() || !info[1].IsObject()) {
@@ -329,12 +454,12 @@ Napi::Value Enter(const Napi::CallbackInfo& info) {
   if (!Prepare(env, info[1].As<Napi::Object>(), p, true)) return env.Undefined();
   const Plan& plan = p.plan;
 
-  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], p.pid_pipe[1], p.control[0], p.stacks.a(), p.stacks.b()};
-  int gobetween_fd = -1;
+  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], p.control[0], OwnerPidfd(), p.stacks.a(), p.stacks.b()};
+  int pidfd = -1;
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  long pid = Clone(0, &gobetween_fd);
+  long pid = Clone(0, &pidfd);
   if (pid == 0) RunEnter(plan, cfds, target);
   int clone_err = errno;
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
@@ -342,29 +467,9 @@ Napi::Value Enter(const Napi::CallbackInfo& info) {
     SysError(env, "clone3", clone_err).ThrowAsJavaScriptException();
     return env.Undefined();
   }
-  FdSet gobetween;
-  gobetween.Add(gobetween_fd);
-  if (!ReleaseChild(env, p, static_cast<pid_t>(pid), gobetween_fd, false)) return env.Undefined();
-  // setns() and one clone(): this wait is a fraction of a millisecond.
-  siginfo_t si;
-  while (waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(gobetween_fd), &si, WEXITED) < 0 && errno == EINTR) {
-  }
-  close(p.pid_pipe[1]);
-  p.child_only.Release(p.pid_pipe[1]);
-  int32_t monitor = -1;
-  if (read(p.pid_pipe[0], &monitor, sizeof monitor) != sizeof monitor) monitor = -1;
-  int pidfd = -1;
-  if (monitor > 0) {
-    pidfd = static_cast<int>(syscall(SYS_pidfd_open, monitor, 0));
-    if (pidfd < 0) {
-      kill(monitor, SIGKILL);
-      SysError(env, "pidfd_open of the command's monitor", errno).ThrowAsJavaScriptException();
-      return env.Undefined();
-    }
-    p.owned.Add(pidfd);
-  }
-  // No monitor: the go-between failed and its error record is in errFd.
-  return Result(env, p, monitor, pidfd);
+  p.owned.Add(pidfd);
+  if (!ReleaseChild(env, p, static_cast<pid_t>(pid), pidfd, false)) return env.Undefined();
+  return Result(env, p, pid, pidfd);
 }
 
 // signal(pidfd, signo) -> true if delivered, false if the process is gone.
@@ -411,7 +516,24 @@ Napi::Value PrepareOps(const Napi::CallbackInfo& info) {
   return Napi::External<PreparedOps>::New(env, new PreparedOps(std::move(ops)), [](Napi::Env, PreparedOps* p) { delete p; });
 }
 
+// Where Node's argv and environment lie in its memory, for PID 1 to wipe
+// them in its copy (fields 48-51 of /proc/self/stat, after the command name).
+void ReadHostArgArea() {
+  std::ifstream in("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return;
+  std::istringstream fields(stat.substr(paren + 2));
+  std::vector<std::string> f;
+  for (std::string x; fields >> x;) f.push_back(x);
+  // f[0] is field 3 (state): field N is f[N - 3].
+  if (f.size() < 49) return;
+  auto at = [&](int field) { return static_cast<uintptr_t>(std::stoull(f[field - 3])); };
+  SetHostArgArea(at(48), at(49), at(50), at(51));
+}
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  ReadHostArgArea();
   exports.Set("spawn", Napi::Function::New(env, Spawn, "spawn"));
   exports.Set("enter", Napi::Function::New(env, Enter, "enter"));
   exports.Set("prepareOps", Napi::Function::New(env, PrepareOps, "prepareOps"));
@@ -423,6 +545,17 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   Napi::Array steps = Napi::Array::New(env);
   for (int i = 0; i < static_cast<int>(Step::Count); i++) steps.Set(i, Napi::String::New(env, kStepNames[i]));
   exports.Set("stepNames", steps);
+  exports.Set("killAllSignal", Napi::Number::New(env, kSignalKillAll));
+  exports.Set("controlKillTree", Napi::Number::New(env, kControlKillTree));
+
+  // The compiled architecture's syscall numbers, for seccomp filters built
+  // in TypeScript.
+  Napi::Object syscalls = Napi::Object::New(env);
+  static const std::pair<const char*, int> kSyscalls[] = {
+#include "syscall_names.inc"
+  };
+  for (const auto& [name, nr] : kSyscalls) syscalls.Set(name, Napi::Number::New(env, nr));
+  exports.Set("syscalls", syscalls);
   exports.Set("errorRecordSize", Napi::Number::New(env, sizeof(ErrorRecord)));
 
   Napi::Object rl = Napi::Object::New(env);

@@ -17,6 +17,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <linux/openat2.h>
 #include <net/if.h>
 #include <signal.h>
@@ -58,7 +60,8 @@ const char* const kStepNames[] = {
     "new-session",     "controlling-tty", "fds",         "rlimit",
     "setgroups",       "setgid",        "setuid",        "capabilities",
     "no-new-privs",    "chdir",         "exec",          "death-signal",
-    "pty",             "setns",         "monitor",
+    "pty",             "setns",         "monitor",       "init-ids",
+    "cgroup-join",     "seccomp",
 };
 static_assert(sizeof(kStepNames) / sizeof(kStepNames[0]) == static_cast<size_t>(Step::Count),
               "kStepNames must name every Step");
@@ -74,11 +77,33 @@ constexpr int kHighFd = 512;
 int g_err_fd = -1;
 // The terminal's slave side once allocated (plan.pty), for kPtySlave.
 int g_pty_slave = -1;
+// Node's own command line and environment (SetHostArgArea).
+uintptr_t g_arg_start, g_arg_end, g_env_start, g_env_end;
 
 size_t Len(const char* s) {
   size_t n = 0;
   while (s[n]) n++;
   return n;
+}
+
+// Bounded string building without allocation: each returns false (and
+// leaves `buf` terminated) when the result would not fit in `cap`.
+bool Append(char* buf, size_t cap, size_t& len, const char* s) {
+  size_t n = Len(s);
+  if (len + n + 1 > cap) return false;
+  memcpy(buf + len, s, n + 1);
+  len += n;
+  return true;
+}
+
+bool AppendNum(char* buf, size_t cap, size_t& len, unsigned long v) {
+  char digits[24];
+  int d = 0;
+  do digits[d++] = static_cast<char>('0' + v % 10); while ((v /= 10) > 0);
+  char text[24];
+  for (int i = 0; i < d; i++) text[i] = digits[d - 1 - i];
+  text[d] = 0;
+  return Append(buf, cap, len, text);
 }
 
 void Report(Step step, int err, int op, const char* detail, size_t detail_len) {
@@ -214,22 +239,13 @@ int EnsureFile(int rootfd, const char* path) {
   close(parent);
   if (fd < 0) return -1;
   struct stat st;
-  if (fstat(fd, &st) < 0 || S_ISLNK(st.st_mode) || S_ISDIR(st.st_mode)) {
-    int err = S_ISDIR(st.st_mode) ? EISDIR : ELOOP;
+  int err = fstat(fd, &st) < 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : S_ISLNK(st.st_mode) ? ELOOP : 0;
+  if (err) {
     close(fd);
     errno = err;
     return -1;
   }
   return fd;
-}
-
-uint64_t MountAttrs(uint32_t flags) {
-  uint64_t a = 0;
-  if (flags & OP_READONLY) a |= MOUNT_ATTR_RDONLY;
-  if (flags & OP_NOSUID) a |= MOUNT_ATTR_NOSUID;
-  if (flags & OP_NODEV) a |= MOUNT_ATTR_NODEV;
-  if (flags & OP_NOEXEC) a |= MOUNT_ATTR_NOEXEC;
-  return a;
 }
 
 void Attach(int mntfd, int targetfd, int op) {
@@ -270,19 +286,7 @@ void ApplyFsOptions(int fsfd, const char* opts, int op) {
 int NewFs(const char* fstype, const MountOp& m, int op, uint64_t attrs) {
   int fsfd = sys::fsopen(fstype, FSOPEN_CLOEXEC);
   if (fsfd < 0) Fail(Step::OpMount, op);
-  if (m.kind == OpKind::Overlay) {
-    if (sys::fsconfig(fsfd, FSCONFIG_SET_STRING, "lowerdir", m.lower.c_str(), 0) < 0)
-      FailWithFsLog(Step::OpMount, op, fsfd);
-    if (!m.upper.empty()) {
-      if (sys::fsconfig(fsfd, FSCONFIG_SET_STRING, "upperdir", m.upper.c_str(), 0) < 0 ||
-          sys::fsconfig(fsfd, FSCONFIG_SET_STRING, "workdir", m.work.c_str(), 0) < 0)
-        FailWithFsLog(Step::OpMount, op, fsfd);
-    }
-    if ((m.flags & OP_USERXATTR) && sys::fsconfig(fsfd, FSCONFIG_SET_FLAG, "userxattr", nullptr, 0) < 0)
-      FailWithFsLog(Step::OpMount, op, fsfd);
-  } else {
-    ApplyFsOptions(fsfd, m.data.c_str(), op);
-  }
+  ApplyFsOptions(fsfd, m.data.c_str(), op);
   if (sys::fsconfig(fsfd, FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0)
     FailWithFsLog(Step::OpMount, op, fsfd);
   int mntfd = sys::fsmount(fsfd, FSMOUNT_CLOEXEC, static_cast<unsigned>(attrs));
@@ -295,29 +299,61 @@ bool SkipOptional(const MountOp& m) {
   return (m.flags & OP_OPTIONAL) && (errno == ENOENT || errno == ENOTDIR);
 }
 
-void DoBind(const MountOp& m, int op, int rootfd, int oldrootfd) {
-  int srcfd = OpenInRoot((m.flags & OP_SRC_IN_ROOT) ? rootfd : oldrootfd, m.src.c_str(), O_PATH);
-  if (srcfd < 0) {
-    if (SkipOptional(m)) return;
+const Plan* g_plan = nullptr;
+// The next of plan.source_fds to take: ops consume them in order.
+size_t g_source_cursor = 0;
+
+// The next source the parent cloned (already carrying its mount attributes
+// and id mapping); -1 when an optional one is missing.
+int TakeSourceFd(const MountOp& m, int op) {
+  if (g_source_cursor >= g_plan->source_fds.size()) {
+    errno = EBADF;
     Fail(Step::OpSource, op);
   }
-  struct stat st;
-  if (fstat(srcfd, &st) < 0) Fail(Step::OpSource, op);
+  int fd = g_plan->source_fds[g_source_cursor++];
+  if (fd >= 0) return fd;
+  errno = -fd;
+  if (SkipOptional(m)) return -1;
+  Fail(Step::OpSource, op);
+}
+
+// A detached recursive clone of `path` (under the old root or, with
+// OP_SRC_IN_ROOT, the new one), made here; -1 when an optional one is missing.
+int CloneSource(const MountOp& m, const char* path, int op, int rootfd, int oldrootfd) {
+  int srcfd = OpenInRoot((m.flags & OP_SRC_IN_ROOT) ? rootfd : oldrootfd, path, O_PATH);
+  if (srcfd < 0) {
+    if (SkipOptional(m)) return -1;
+    Fail(Step::OpSource, op);
+  }
   // Always recursive: a non-recursive bind would uncover whatever the host
   // hid under submounts of the source.
   int tree = sys::open_tree(srcfd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE | AT_EMPTY_PATH);
   close(srcfd);
   if (tree < 0) Fail(Step::OpMount, op);
-  uint64_t attrs = MountAttrs(m.flags);
-  if (attrs) {
-    // One call makes every submount read-only/nosuid/nodev too, so a
-    // read-only bind cannot be written through a mount nested inside it.
-    struct mount_attr attr;
-    memset(&attr, 0, sizeof attr);
-    attr.attr_set = attrs;
-    if (sys::mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0)
-      Fail(Step::OpMount, op);
+  return tree;
+}
+
+void SetAttrs(int tree, uint64_t attrs, int op) {
+  if (!attrs) return;
+  // One call makes every submount read-only/nosuid/nodev too, so a
+  // read-only bind cannot be written through a mount nested inside it.
+  struct mount_attr attr;
+  memset(&attr, 0, sizeof attr);
+  attr.attr_set = attrs;
+  if (sys::mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0) Fail(Step::OpMount, op);
+}
+
+void DoBind(const MountOp& m, int op, int rootfd, int oldrootfd) {
+  int tree;
+  if (m.flags & OP_CLONE_IN_PARENT) {
+    tree = TakeSourceFd(m, op);
+  } else {
+    tree = CloneSource(m, m.src.c_str(), op, rootfd, oldrootfd);
+    if (tree >= 0) SetAttrs(tree, MountAttrs(m.flags), op);
   }
+  if (tree < 0) return;  // optional and missing
+  struct stat st;
+  if (fstat(tree, &st) < 0) Fail(Step::OpSource, op);
   int target = S_ISDIR(st.st_mode) ? EnsureDir(rootfd, m.dst.c_str(), 0755)
                                    : EnsureFile(rootfd, m.dst.c_str());
   if (target < 0) Fail(Step::OpTarget, op);
@@ -330,6 +366,97 @@ void DoNewFs(const char* fstype, const MountOp& m, int op, int rootfd) {
   int target = EnsureDir(rootfd, m.dst.c_str(), m.mode);
   if (target < 0) Fail(Step::OpTarget, op);
   int mnt = NewFs(fstype, m, op, MountAttrs(m.flags));
+  Attach(mnt, target, op);
+  close(mnt);
+  close(target);
+}
+
+// Attaches a layer's tree at `at` in the base tmpfs (the child's root
+// while the new root is assembled), creating the directory.
+void AttachLayer(int tree, const char* at, int op) {
+  if (mkdir(at, 0700) < 0 && errno != EEXIST) Fail(Step::OpMount, op);
+  if (sys::move_mount(tree, "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0) Fail(Step::OpMount, op);
+  close(tree);
+}
+
+// "/.o/<op>" then `leaf` and `num` (if >= 0) into buf.
+void LayerPath(char* buf, size_t cap, int op, const char* leaf, long num) {
+  size_t len = 0;
+  buf[0] = 0;
+  bool ok = Append(buf, cap, len, "/.o/") && AppendNum(buf, cap, len, static_cast<unsigned long>(op));
+  if (ok && leaf) ok = Append(buf, cap, len, "/") && Append(buf, cap, len, leaf);
+  if (ok && num >= 0) ok = AppendNum(buf, cap, len, static_cast<unsigned long>(num));
+  if (!ok) {
+    errno = ENAMETOOLONG;
+    Fail(Step::OpMount, op);
+  }
+}
+
+// An overlay whose layers are first attached under /.o/<op>/ in the base
+// tmpfs: its options (in /proc/self/mountinfo inside) then name only those
+// paths, nothing of the host's layout, and the layers can be clones the
+// parent made with the sandbox's id mapping.
+void DoOverlay(const MountOp& m, int op, int rootfd, int oldrootfd) {
+  char path[64];
+  if (mkdir("/.o", 0700) < 0 && errno != EEXIST) Fail(Step::OpMount, op);
+  LayerPath(path, sizeof path, op, nullptr, -1);
+  if (mkdir(path, 0700) < 0) Fail(Step::OpMount, op);
+  bool in_parent = m.flags & OP_CLONE_IN_PARENT;
+  for (size_t j = 0; j < m.lowers.size(); j++) {
+    int tree = in_parent ? TakeSourceFd(m, op) : CloneSource(m, m.lowers[j].c_str(), op, rootfd, oldrootfd);
+    LayerPath(path, sizeof path, op, "l", static_cast<long>(j));
+    AttachLayer(tree, path, op);
+  }
+  if (!m.upper_base.empty()) {
+    int tree = in_parent ? TakeSourceFd(m, op) : CloneSource(m, m.upper_base.c_str(), op, rootfd, oldrootfd);
+    LayerPath(path, sizeof path, op, "u", -1);
+    AttachLayer(tree, path, op);
+  }
+
+  int fsfd = sys::fsopen("overlay", FSOPEN_CLOEXEC);
+  if (fsfd < 0) Fail(Step::OpMount, op);
+  // "lowerdir+" takes one layer per call (Linux >= 6.8), so any number of
+  // layers fits; older kernels take them joined in one "lowerdir" value,
+  // which fsconfig() caps at 256 bytes.
+  char joined[256];
+  size_t jlen = 0;
+  joined[0] = 0;
+  bool one_by_one = true;
+  for (size_t j = 0; j < m.lowers.size(); j++) {
+    LayerPath(path, sizeof path, op, "l", static_cast<long>(j));
+    if (one_by_one && sys::fsconfig(fsfd, FSCONFIG_SET_STRING, "lowerdir+", path, 0) < 0) {
+      if (j > 0 || errno != EINVAL) FailWithFsLog(Step::OpMount, op, fsfd);
+      one_by_one = false;
+    }
+    if (!one_by_one && !((j == 0 || Append(joined, sizeof joined, jlen, ":")) && Append(joined, sizeof joined, jlen, path))) {
+      errno = E2BIG;
+      Fail(Step::OpMount, op);
+    }
+  }
+  if (!one_by_one && sys::fsconfig(fsfd, FSCONFIG_SET_STRING, "lowerdir", joined, 0) < 0)
+    FailWithFsLog(Step::OpMount, op, fsfd);
+  if (!m.upper_base.empty()) {
+    char dir[128];
+    for (const std::string* rel : {&m.upper, &m.work}) {
+      size_t len = 0;
+      LayerPath(dir, sizeof dir, op, "u", -1);
+      len = Len(dir);
+      if (!Append(dir, sizeof dir, len, "/") || !Append(dir, sizeof dir, len, rel->c_str())) {
+        errno = ENAMETOOLONG;
+        Fail(Step::OpMount, op);
+      }
+      if (sys::fsconfig(fsfd, FSCONFIG_SET_STRING, rel == &m.upper ? "upperdir" : "workdir", dir, 0) < 0)
+        FailWithFsLog(Step::OpMount, op, fsfd);
+    }
+  }
+  if ((m.flags & OP_USERXATTR) && sys::fsconfig(fsfd, FSCONFIG_SET_FLAG, "userxattr", nullptr, 0) < 0)
+    FailWithFsLog(Step::OpMount, op, fsfd);
+  if (sys::fsconfig(fsfd, FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0) FailWithFsLog(Step::OpMount, op, fsfd);
+  int mnt = sys::fsmount(fsfd, FSMOUNT_CLOEXEC, static_cast<unsigned>(MountAttrs(m.flags)));
+  if (mnt < 0) FailWithFsLog(Step::OpMount, op, fsfd);
+  close(fsfd);
+  int target = EnsureDir(rootfd, m.dst.c_str(), m.mode);
+  if (target < 0) Fail(Step::OpTarget, op);
   Attach(mnt, target, op);
   close(mnt);
   close(target);
@@ -442,7 +569,7 @@ void RunOp(const MountOp& m, int op, int rootfd, int oldrootfd) {
     case OpKind::Proc: DoNewFs("proc", m, op, rootfd); break;
     case OpKind::Devpts: DoNewFs("devpts", m, op, rootfd); break;
     case OpKind::Mqueue: DoNewFs("mqueue", m, op, rootfd); break;
-    case OpKind::Overlay: DoNewFs("overlay", m, op, rootfd); break;
+    case OpKind::Overlay: DoOverlay(m, op, rootfd, oldrootfd); break;
     case OpKind::Symlink: DoSymlink(m, op, rootfd); break;
     case OpKind::Mkdir: DoMkdir(m, op, rootfd); break;
     case OpKind::WriteFile: DoWriteFile(m, op, rootfd); break;
@@ -536,10 +663,16 @@ void SetUpFilesystem(const Plan& plan) {
   if (chdir("/") < 0) Fail(Step::PivotRoot);
 }
 
-// Closes every fd but the `n` in `keep` (ascending). The fds kept stay
-// where they are: with many fds open in Node, no "high" region is known to
-// be free.
-void CloseAllExcept(const int* keep, size_t n) {
+// Closes every fd but the `n` in `keep` (sorted here, in place). The fds
+// kept stay where they are: with many fds open in Node, no "high" region is
+// known to be free.
+void CloseAllExcept(int* keep, size_t n) {
+  for (size_t i = 1; i < n; i++)
+    for (size_t j = i; j > 0 && keep[j] < keep[j - 1]; j--) {
+      int t = keep[j];
+      keep[j] = keep[j - 1];
+      keep[j - 1] = t;
+    }
   unsigned lo = 0;
   for (size_t i = 0; i < n; i++) {
     unsigned fd = static_cast<unsigned>(keep[i]);
@@ -550,11 +683,6 @@ void CloseAllExcept(const int* keep, size_t n) {
 }
 
 void CloseAllExcept(int a) { CloseAllExcept(&a, 1); }
-
-void CloseAllExcept(int a, int b) {
-  int keep[2] = {a < b ? a : b, a < b ? b : a};
-  CloseAllExcept(keep, 2);
-}
 
 // Moves every fd the plan maps (and the error pipe) above kHighFd, then
 // dup2()s them into place and closes everything else: no host fd survives.
@@ -610,11 +738,45 @@ void DropCapabilities(uint64_t keep) {
   }
 }
 
+// Joins the sandbox's cgroups (fds the parent opened) before anything of
+// the user's runs; "0" is the writing process itself.
+void JoinCgroups(const Plan& plan) {
+  for (int fd : plan.cgroup_fds) {
+    if (write(fd, "0", 1) != 1) Fail(Step::CgroupJoin);
+  }
+}
+
+void InstallSeccomp(const Plan& plan) {
+  struct sock_fprog prog;
+  prog.len = static_cast<unsigned short>(plan.seccomp.size() / sizeof(struct sock_filter));
+  prog.filter = reinterpret_cast<struct sock_filter*>(const_cast<char*>(plan.seccomp.data()));
+  if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) < 0) Fail(Step::Seccomp);
+}
+
+// Credential changes clear the parent-death signal, so it is (re)armed
+// after them. Node may have died just before: its pidfd (when still open
+// here) then reads as exited, and we go too.
+void DieWithParent(int owner_pidfd) {
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) Fail(Step::DeathSignal);
+  if (owner_pidfd < 0) return;
+  struct pollfd p = {owner_pidfd, POLLIN, 0};
+  if (poll(&p, 1, 0) > 0 && (p.revents & POLLIN)) _exit(127);
+}
+
+void SetIds(uint32_t uid, uint32_t gid, bool keep_caps, Step gid_step, Step uid_step) {
+  // setgroups is denied in unprivileged user namespaces; then the
+  // supplementary groups are already empty of anything mapped.
+  if (setgroups(0, nullptr) < 0 && errno != EPERM) Fail(Step::Setgroups);
+  if (keep_caps) prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0);
+  if (setresgid(gid, gid, gid) < 0) Fail(gid_step);
+  if (setresuid(uid, uid, uid) < 0) Fail(uid_step);
+}
+
 [[noreturn]] void ExecMain(const Plan& plan, const ChildFds& fds) {
-  if (plan.die_with_parent && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) Fail(Step::DeathSignal);
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
+  JoinCgroups(plan);
 
   // A new session detaches from any terminal the caller has, which is what
   // stops TIOCSTI from typing into it (CVE-2017-5226).
@@ -626,14 +788,10 @@ void DropCapabilities(uint64_t keep) {
     struct rlimit rl = {static_cast<rlim_t>(r.soft), static_cast<rlim_t>(r.hard)};
     if (setrlimit(r.resource, &rl) < 0) Fail(Step::Rlimit);
   }
-  if (plan.set_ids) {
-    // setgroups is denied in unprivileged user namespaces; then the
-    // supplementary groups are already empty of anything mapped.
-    if (setgroups(0, nullptr) < 0 && errno != EPERM) Fail(Step::Setgroups);
-    if (plan.keep_caps) prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0);
-    if (setresgid(plan.gid, plan.gid, plan.gid) < 0) Fail(Step::Setgid);
-    if (setresuid(plan.uid, plan.uid, plan.uid) < 0) Fail(Step::Setuid);
-  }
+  if (plan.set_ids) SetIds(plan.uid, plan.gid, plan.keep_caps != 0, Step::Setgid, Step::Setuid);
+  // Our parent is PID 1 or the monitor, both outlived by nothing of ours;
+  // Node's pidfd is closed by now.
+  if (plan.die_with_parent) DieWithParent(-1);
   DropCapabilities(plan.keep_caps);
   if (plan.no_new_privs && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) Fail(Step::NoNewPrivs);
 
@@ -647,6 +805,10 @@ void DropCapabilities(uint64_t keep) {
     errno = n < 0 ? errno : EXDEV;
     Fail(Step::Chdir);
   }
+  // Last before exec, as bubblewrap does, so that the filter need not allow
+  // anything of the setup. Without no_new_privs the kernel takes a filter
+  // only from a holder of CAP_SYS_ADMIN (the TypeScript side checks).
+  if (!plan.seccomp.empty()) InstallSeccomp(plan);
 
   int err = ENOENT;
   for (const std::string& path : plan.exec_candidates) {
@@ -747,9 +909,10 @@ void NoopHandler(int) {}
 }
 
 // First steps of every child: forget Node's signal handlers, die with the
-// parent, and wait until the parent has finished its side (id maps, cgroups).
+// parent, and wait until the parent has finished its side (id maps).
 void StartChild(const Plan& plan, const ChildFds& fds) {
   g_err_fd = fds.err_write;
+  g_plan = &plan;
   // Node's signal handlers were copied by clone(); left in place they would
   // write into libuv's pipes shared with the parent.
   struct sigaction dfl;
@@ -769,45 +932,66 @@ void StartChild(const Plan& plan, const ChildFds& fds) {
   close(fds.sync_read);
 }
 
-// Pids of every descendant of `root` in the PID namespace /proc shows, found
-// by scanning /proc/*/stat for parent links (threads and orphans included,
-// since a subreaper adopts them). Fixed buffers: no allocation here.
+// Takes the sandbox's own root ids (plan.init_ids), once the maps are
+// written (and, for enter, once inside the user namespace).
+void TakeInitIds(const Plan& plan, const ChildFds& fds) {
+  if (!plan.init_ids) return;
+  SetIds(plan.init_uid, plan.init_gid, false, Step::InitIds, Step::InitIds);
+  if (plan.die_with_parent) DieWithParent(fds.owner_pidfd);
+}
+
+// PID 1 is a copy of Node: its command line (/proc/1/cmdline needs no
+// permission to read) would show Node's argv, secrets included, and its
+// environment Node's. Both areas are wiped in this copy; Node's own stay.
+void WipeHostArgs() {
+  if (g_arg_end > g_arg_start) {
+    char* p = reinterpret_cast<char*>(g_arg_start);
+    size_t n = g_arg_end - g_arg_start;
+    memset(p, 0, n);
+    const char name[] = "msbx-init";
+    if (n > sizeof name) memcpy(p, name, sizeof name);
+  }
+  if (g_env_end > g_env_start) memset(reinterpret_cast<char*>(g_env_start), 0, g_env_end - g_env_start);
+}
+
+// Pids of every live descendant of `root` (itself excluded), found by
+// scanning /proc/*/stat for parent links (threads included). `procfd` is the
+// host's /proc, so pids are the ones kill() takes here. Zombies are left
+// out: they are dead, and their parent (or PID 1) reaps them. Fixed
+// buffers: no allocation here.
 constexpr int kMaxPids = 8192;
 
-int ParentOfPid(int pid) {
-  char path[64], buf[512];
-  // "/proc/<pid>/stat"
-  const char* pre = "/proc/";
+// The parent pid in /proc/<pid>/stat; -1 for a zombie or a vanished pid.
+int ParentOfPid(int procfd, int pid) {
+  char path[32], buf[512];
   size_t n = 0;
-  for (const char* p = pre; *p; p++) path[n++] = *p;
-  char digits[16];
-  int d = 0;
-  for (int v = pid; v > 0; v /= 10) digits[d++] = static_cast<char>('0' + v % 10);
-  while (d > 0) path[n++] = digits[--d];
-  for (const char* p = "/stat"; *p; p++) path[n++] = *p;
-  path[n] = 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (!AppendNum(path, sizeof path, n, static_cast<unsigned long>(pid)) || !Append(path, sizeof path, n, "/stat"))
+    return -1;
+  int fd = openat(procfd, path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
   ssize_t len = read(fd, buf, sizeof buf - 1);
   close(fd);
   if (len <= 0) return -1;
   buf[len] = 0;
-  // The command name may hold spaces and ')': the ppid follows the last ')'.
+  // The command name may hold spaces and ')': the state and ppid follow the
+  // last ')'.
   char* close_paren = nullptr;
   for (char* p = buf; *p; p++)
     if (*p == ')') close_paren = p;
-  if (!close_paren) return -1;
+  if (!close_paren || !close_paren[1] || !close_paren[2]) return -1;
   char* p = close_paren + 2;  // state
+  if (*p == 'Z' || *p == 'X') return -1;
   while (*p && *p != ' ') p++;
   int ppid = 0;
   for (p++; *p >= '0' && *p <= '9'; p++) ppid = ppid * 10 + (*p - '0');
   return ppid;
 }
 
-int CollectDescendants(int root, int* out) {
+int CollectDescendants(int procfd, int root, int* out) {
   static int pids[kMaxPids], parents[kMaxPids];
+  static bool mark[kMaxPids];
   int count = 0;
-  int dir = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dir = openat(procfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir < 0) return 0;
   char buf[4096];
   for (;;) {
@@ -830,7 +1014,7 @@ int CollectDescendants(int root, int* out) {
         else pid = pid * 10 + (*c - '0');
       }
       if (!numeric || count >= kMaxPids) continue;
-      int ppid = ParentOfPid(pid);
+      int ppid = ParentOfPid(procfd, pid);
       if (ppid < 0) continue;
       pids[count] = pid;
       parents[count] = ppid;
@@ -841,7 +1025,6 @@ int CollectDescendants(int root, int* out) {
   // Fixed point: a pid is a descendant if its parent is root or a descendant.
   int found = 0;
   bool grew = true;
-  static bool mark[kMaxPids];
   for (int i = 0; i < count; i++) mark[i] = false;
   while (grew) {
     grew = false;
@@ -859,7 +1042,7 @@ int CollectDescendants(int root, int* out) {
   return found;
 }
 
-// The command a monitor runs, and its wait status once reaped.
+// The command a monitor runs (a host pid), and its wait status once reaped.
 pid_t g_main_pid = -1;
 bool g_main_done = false;
 int32_t g_main_status = 0;
@@ -868,7 +1051,7 @@ int32_t g_main_status = 0;
 void ReapChildren() {
   for (;;) {
     int st = 0;
-    pid_t p = waitpid(-1, &st, WNOHANG);
+    pid_t p = waitpid(-1, &st, WNOHANG | __WALL);
     if (p <= 0) return;
     if (p == g_main_pid) {
       g_main_done = true;
@@ -877,25 +1060,26 @@ void ReapChildren() {
   }
 }
 
-// Stops then kills every descendant, again and again until none is left: a
-// stopped process cannot fork, and orphans of killed ones come back to us
-// (we are their subreaper) for the next round.
-void KillTree() {
+// Kills the command and its whole subtree. The command is a child
+// subreaper: while it lives, every orphan of its tree comes back to it, so
+// it is stopped (a stopped process cannot fork) and killed last, after
+// rounds that stop then kill every descendant until none is left.
+void KillTree(int procfd) {
   static int victims[kMaxPids];
-  int self = static_cast<int>(syscall(SYS_getpid));
+  if (g_main_done) return;
   for (int round = 0; round < 1000; round++) {
-    int n = CollectDescendants(self, victims);
-    if (n == 0) return;
+    int n = CollectDescendants(procfd, g_main_pid, victims);
+    if (n == 0) break;
+    kill(g_main_pid, SIGSTOP);
     for (int i = 0; i < n; i++) kill(victims[i], SIGSTOP);
     for (int i = 0; i < n; i++) kill(victims[i], SIGKILL);
-    ReapChildren();
   }
+  kill(g_main_pid, SIGKILL);
 }
 
 // The monitor of a command run in an existing sandbox: reaps it, reports
 // its status, forwards signals, and kills its whole subtree on request.
-[[noreturn]] void RunMonitor(int status_fd, int control_fd) {
-  prctl(PR_SET_NAME, "msbx-exec", 0, 0, 0);
+[[noreturn]] void RunMonitor(int status_fd, int control_fd, int procfd) {
   sigset_t chld;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);
@@ -903,6 +1087,7 @@ void KillTree() {
   if (sfd < 0) _exit(127);
   struct pollfd pfd[2] = {{sfd, POLLIN, 0}, {control_fd, POLLIN, 0}};
   for (;;) {
+    ReapChildren();
     if (g_main_done) {
       ssize_t unused = write(status_fd, &g_main_status, sizeof g_main_status);
       (void)unused;
@@ -916,7 +1101,7 @@ void KillTree() {
       if (got <= 0) {
         control_fd = -1;  // the parent closed it: nothing more will come
       } else if (cmd == kControlKillTree) {
-        KillTree();
+        KillTree(procfd);
       } else if (!g_main_done) {
         kill(g_main_pid, cmd);
       }
@@ -924,12 +1109,9 @@ void KillTree() {
     struct signalfd_siginfo si;
     while (read(sfd, &si, sizeof si) == sizeof si) {
     }
-    ReapChildren();
   }
 }
 
-// What the CLONE_VM children below run; they share these with their parent.
-const Plan* g_plan = nullptr;
 const ChildFds* g_fds = nullptr;
 
 int MainEntry(void*) { ExecMain(*g_plan, *g_fds); }
@@ -940,49 +1122,62 @@ pid_t StartMain(char* stack) {
   return clone(MainEntry, stack, CLONE_VM | CLONE_VFORK | SIGCHLD, nullptr);
 }
 
-[[noreturn]] void RunMonitorProcess() {
-  const Plan& plan = *g_plan;
-  const ChildFds& fds = *g_fds;
-  if (plan.die_with_parent && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) Fail(Step::DeathSignal);
-  // Orphans of the command come back to the monitor, so KillTree sees them.
+// An exec'd command keeps its daemonized descendants (see KillTree).
+int SubreaperMainEntry(void*) {
   if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) Fail(Step::Monitor);
+  ExecMain(*g_plan, *g_fds);
+}
+
+}  // namespace
+
+void SetHostArgArea(uintptr_t arg_start, uintptr_t arg_end, uintptr_t env_start, uintptr_t env_end) {
+  g_arg_start = arg_start;
+  g_arg_end = arg_end;
+  g_env_start = env_start;
+  g_env_end = env_end;
+}
+
+[[noreturn]] void RunEnter(const Plan& plan, const ChildFds& fds, int target_pidfd) {
+  StartChild(plan, fds);
+  // The host's /proc, opened before we leave the host's mount namespace:
+  // the monitor finds the command's descendants there, by the pids it
+  // signals them with.
+  int procfd = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (procfd < 0) Fail(Step::Monitor);
+  // One call joins every namespace of the sandbox's PID 1, the user
+  // namespace first; the mount namespace brings its root and cwd. Joining a
+  // PID namespace changes only where our children are born: the monitor
+  // itself stays outside it, with no pid the sandbox could name to signal,
+  // stop or trace it.
+  if (setns(target_pidfd, static_cast<int>(NamespaceCloneFlags(plan.namespaces))) < 0) Fail(Step::Setns);
+  TakeInitIds(plan, fds);
+  prctl(PR_SET_NAME, "msbx-exec", 0, 0, 0);
   if (plan.pty) OpenSandboxPty(plan, fds.pty_socket);
   sigset_t all;
   sigfillset(&all);
   sigprocmask(SIG_SETMASK, &all, nullptr);
-  pid_t main_pid = StartMain(fds.stack_b);
-  if (main_pid < 0) Fail(Step::Monitor);
-  g_main_pid = main_pid;
-  CloseAllExcept(fds.status_write, fds.control_read);
-  RunMonitor(fds.status_write, fds.control_read);
-}
-
-int MonitorEntry(void*) { RunMonitorProcess(); }
-
-}  // namespace
-
-[[noreturn]] void RunEnter(const Plan& plan, const ChildFds& fds, int target_pidfd) {
-  StartChild(plan, fds);
-  // One call joins every namespace of the sandbox's PID 1, the user
-  // namespace first; the mount namespace brings its root and cwd.
-  if (setns(target_pidfd, static_cast<int>(NamespaceCloneFlags(plan.namespaces))) < 0) Fail(Step::Setns);
-
-  // The monitor is born inside the sandbox's PID namespace (only children
-  // enter it) and, with CLONE_PARENT, as a child of Node itself: Node can
-  // watch it with a pidfd, and this go-between exits at once. CLONE_VM: it
-  // inherits this copy of the address space instead of making another.
-  g_plan = &plan;
   g_fds = &fds;
-  pid_t monitor = clone(MonitorEntry, fds.stack_a, CLONE_VM | CLONE_PARENT, nullptr);
-  if (monitor < 0) Fail(Step::Monitor);
-  int32_t pid = monitor;
-  ssize_t unused = write(fds.pid_write, &pid, sizeof pid);
-  (void)unused;
-  _exit(0);
+  // CLONE_VM|CLONE_VFORK: the command shares this copy of the address
+  // space until it execs, so no second copy of Node's page tables is made.
+  g_main_pid = clone(SubreaperMainEntry, fds.stack_a, CLONE_VM | CLONE_VFORK | SIGCHLD, nullptr);
+  if (g_main_pid < 0) Fail(Step::Monitor);
+  int keep[3] = {fds.status_write, fds.control_read, procfd};
+  CloseAllExcept(keep, 3);
+  RunMonitor(fds.status_write, fds.control_read, procfd);
 }
 
 [[noreturn]] void RunChild(const Plan& plan, const ChildFds& fds) {
   StartChild(plan, fds);
+  TakeInitIds(plan, fds);
+  WipeHostArgs();
+  // Nothing of this copy of Node (its memory, fds, executable) may be read
+  // from inside, even by a process granted CAP_SYS_PTRACE there: a
+  // non-dumpable process is open only to holders of CAP_SYS_PTRACE in the
+  // namespace its memory was made in, the host's. The monitors of `enter`
+  // must pass the same check to join the sandbox, so only a root caller's
+  // sandbox (init_ids) can afford it; without it the sandbox's processes,
+  // holding no capability, still cannot trace or read PID 1, which holds all.
+  if (plan.init_ids) prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 
   if ((plan.namespaces & NS_UTS) && !plan.hostname.empty() &&
       sethostname(plan.hostname.c_str(), plan.hostname.size()) < 0)
@@ -1001,7 +1196,6 @@ int MonitorEntry(void*) { RunMonitorProcess(); }
     sigset_t all;
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, nullptr);
-    g_plan = &plan;
     g_fds = &fds;
     pid_t main_pid = StartMain(fds.stack_a);
     if (main_pid < 0) Fail(Step::ForkInit);

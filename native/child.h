@@ -45,6 +45,9 @@ enum class Step : int32_t {
   Pty,
   Setns,
   Monitor,
+  InitIds,
+  CgroupJoin,
+  Seccomp,
   Count,
 };
 
@@ -68,8 +71,8 @@ struct ChildFds {
   int err_write;     // ErrorRecord channel; EOF at the parent means exec happened
   int status_write;  // PID 1 writes the main process's wait status here
   int pty_socket;    // plan.pty: the pty master is sent to the parent here
-  int pid_write;     // Enter: the monitor's pid, as the parent sees it
   int control_read;  // Enter: kill-tree and signal requests for the monitor
+  int owner_pidfd;   // Node's own pidfd: tells a child whether Node is still alive
   // Two spare stacks (their top ends) for children that share our memory
   // (CLONE_VM): they cost no copy of Node's page tables.
   char* stack_a;
@@ -89,9 +92,17 @@ constexpr unsigned char kControlKillTree = 0xff;
 // A new sandbox: namespaces, mounts, pivot, then PID 1 and the command.
 [[noreturn]] void RunChild(const Plan& plan, const ChildFds& fds);
 
-// A command in an existing sandbox: joins the namespaces of `target_pidfd`
-// (its PID 1), then starts a monitor inside them that runs the command and
-// can kill its whole subtree without touching the rest of the sandbox.
+// A command in an existing sandbox: this child joins the namespaces of
+// `target_pidfd` (its PID 1) and becomes the command's monitor, a process
+// the sandbox cannot see: its command is born inside the sandbox's PID
+// namespace, the monitor stays outside it. It reports the command's status
+// and kills the command's whole subtree on request, and nothing the sandbox
+// does can stop, kill or trace it.
 [[noreturn]] void RunEnter(const Plan& plan, const ChildFds& fds, int target_pidfd);
+
+// Where Node's own command line and environment lie in its memory
+// (/proc/self/stat fields 48-51); PID 1, a copy of Node, wipes them so that
+// /proc/1/cmdline inside shows nothing of the host. Set once by the addon.
+void SetHostArgArea(uintptr_t arg_start, uintptr_t arg_end, uintptr_t env_start, uintptr_t env_end);
 
 }  // namespace msbx

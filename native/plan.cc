@@ -73,19 +73,6 @@ struct Reader {
   }
 };
 
-// Overlay splits lowerdir on ':' and treats '\' as an escape.
-std::string EscapeOverlayPath(const std::string& p) {
-  std::string out;
-  for (char c : p) {
-    if (c == ':' || c == ',' || c == '\\') out.push_back('\\');
-    out.push_back(c);
-  }
-  return out;
-}
-
-// Host paths are reached through /oldroot while the new root is assembled.
-std::string HostPath(const std::string& p) { return "/oldroot" + p; }
-
 struct KindName {
   const char* name;
   OpKind kind;
@@ -121,35 +108,47 @@ bool ReadOp(Reader& r, const Napi::Object& o, MountOp& m) {
   }
   if (!r.U32(o, "mode", m.mode)) return false;
   bool ro = false, nosuid = false, nodev = false, noexec = false, in_root = false, optional = false,
-       userxattr = false;
+       userxattr = false, in_parent = false, idmap = false, upper_idmap = false;
   if (!r.Bool(o, "readOnly", ro) || !r.Bool(o, "nosuid", nosuid) || !r.Bool(o, "nodev", nodev) ||
       !r.Bool(o, "noexec", noexec) || !r.Bool(o, "srcInRoot", in_root) || !r.Bool(o, "optional", optional) ||
-      !r.Bool(o, "userxattr", userxattr))
+      !r.Bool(o, "userxattr", userxattr) || !r.Bool(o, "cloneInParent", in_parent) || !r.Bool(o, "idmap", idmap) ||
+      !r.Bool(o, "upperIdmap", upper_idmap))
     return false;
   const std::pair<bool, uint32_t> bits[] = {
-      {ro, OP_READONLY},        {nosuid, OP_NOSUID},     {nodev, OP_NODEV},        {noexec, OP_NOEXEC},
-      {in_root, OP_SRC_IN_ROOT}, {optional, OP_OPTIONAL}, {userxattr, OP_USERXATTR},
+      {ro, OP_READONLY},         {nosuid, OP_NOSUID},     {nodev, OP_NODEV},        {noexec, OP_NOEXEC},
+      {in_root, OP_SRC_IN_ROOT}, {optional, OP_OPTIONAL}, {userxattr, OP_USERXATTR}, {in_parent, OP_CLONE_IN_PARENT},
+      {idmap, OP_IDMAP},         {upper_idmap, OP_UPPER_IDMAP},
   };
   m.flags = 0;
   for (const auto& [on, bit] : bits) m.flags |= on ? bit : 0u;
   if (m.kind == OpKind::Bind && (m.src.empty() || m.src[0] != '/'))
     return r.Fail("bind src must be absolute: '" + m.src + "'");
   if (m.kind == OpKind::Symlink && m.src.empty()) return r.Fail("symlink needs src (the link text)");
+  if ((m.flags & (OP_IDMAP | OP_UPPER_IDMAP)) && !(m.flags & OP_CLONE_IN_PARENT))
+    return r.Fail("idmap needs cloneInParent");
+  if ((m.flags & OP_CLONE_IN_PARENT) && m.kind != OpKind::Bind && m.kind != OpKind::Overlay)
+    return r.Fail("cloneInParent applies to bind and overlay ops only");
+  if ((m.flags & OP_CLONE_IN_PARENT) && (m.flags & OP_SRC_IN_ROOT))
+    return r.Fail("cloneInParent applies to host sources only");
   if (m.kind == OpKind::Overlay) {
-    std::vector<std::string> lower;
-    if (!r.StrList(o, "lower", lower)) return false;
-    if (lower.empty()) return r.Fail("overlay needs at least one lower dir");
-    for (size_t i = 0; i < lower.size(); i++) {
-      if (lower[i].empty() || lower[i][0] != '/') return r.Fail("overlay lower dirs must be absolute");
-      if (i) m.lower.push_back(':');
-      m.lower += EscapeOverlayPath(HostPath(lower[i]));
+    if (!r.StrList(o, "lower", m.lowers)) return false;
+    if (m.lowers.empty()) return r.Fail("overlay needs at least one lower dir");
+    for (const std::string& l : m.lowers) {
+      if (l.empty() || l[0] != '/') return r.Fail("overlay lower dirs must be absolute");
     }
-    std::string upper, work;
-    if (!r.Str(o, "upper", upper, false) || !r.Str(o, "work", work, false)) return false;
-    if (upper.empty() != work.empty()) return r.Fail("overlay upper and work go together");
-    if (!upper.empty()) {
-      m.upper = EscapeOverlayPath(HostPath(upper));
-      m.work = EscapeOverlayPath(HostPath(work));
+    if (!r.Str(o, "upperBase", m.upper_base, false) || !r.Str(o, "upper", m.upper, false) ||
+        !r.Str(o, "work", m.work, false))
+      return false;
+    if (m.upper.empty() != m.work.empty() || m.upper.empty() != m.upper_base.empty())
+      return r.Fail("overlay upperBase, upper and work go together");
+    if (!m.upper_base.empty()) {
+      if (m.upper_base[0] != '/') return r.Fail("overlay upperBase must be absolute");
+      // Relative to upperBase, without '..': they must stay on its mount.
+      for (const std::string* rel : {&m.upper, &m.work}) {
+        if ((*rel)[0] == '/' || rel->find("..") != std::string::npos || rel->find(':') != std::string::npos ||
+            rel->find(',') != std::string::npos)
+          return r.Fail("overlay upper and work must be plain paths relative to upperBase");
+      }
     }
   }
   return true;
@@ -206,6 +205,24 @@ bool ReadPlan(const Napi::Object& o, Plan& plan, std::string& error) {
   if (!ok) return error = r.error, false;
   if (!plan.hold && plan.argv.empty()) return error = "plan.argv must not be empty", false;
   if (!plan.hold && plan.exec_candidates.empty()) return error = "plan.execCandidates must not be empty", false;
+
+  Napi::Value init = o.Get("initUser");
+  if (init.IsObject()) {
+    Napi::Object u = init.As<Napi::Object>();
+    if (!r.U32(u, "uid", plan.init_uid) || !r.U32(u, "gid", plan.init_gid)) return error = r.error, false;
+    plan.init_ids = true;
+  }
+
+  Napi::Value filter = o.Get("seccomp");
+  if (filter.IsBuffer()) {
+    Napi::Buffer<char> b = filter.As<Napi::Buffer<char>>();
+    // struct sock_filter is 8 bytes; the kernel takes at most 4096 of them.
+    if (b.Length() == 0 || b.Length() % 8 != 0 || b.Length() > 4096 * 8)
+      return error = "plan.seccomp must hold 1 to 4096 BPF instructions of 8 bytes", false;
+    plan.seccomp.assign(b.Data(), b.Length());
+  } else if (!filter.IsUndefined()) {
+    return error = "plan.seccomp must be a Buffer", false;
+  }
 
   Napi::Value ids = o.Get("user");
   if (ids.IsObject()) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <sched.h>
+#include <sys/mount.h>
 
 #include <cstdint>
 #include <memory>
@@ -38,7 +39,25 @@ enum OpFlag : uint32_t {
   OP_SRC_IN_ROOT = 1u << 4,  // bind source resolved inside the new root
   OP_OPTIONAL = 1u << 5,     // a missing source or target is not an error
   OP_USERXATTR = 1u << 6,    // overlay: user.overlay.* xattrs (user namespaces)
+  // The parent clones the host sources (bind source; overlay lowers and
+  // upper base) before the fork: a root caller's sandbox runs as an
+  // unprivileged host id, which cannot traverse root's directories.
+  OP_CLONE_IN_PARENT = 1u << 7,
+  // ... and shows them through the sandbox's id mapping, so that root's
+  // files look like root's inside (bind source, overlay lowers)...
+  OP_IDMAP = 1u << 8,
+  OP_UPPER_IDMAP = 1u << 9,  // ... and the overlay's upper base too
 };
+
+// The mount attributes (MOUNT_ATTR_*) an op's flags ask for.
+inline uint64_t MountAttrs(uint32_t flags) {
+  uint64_t a = 0;
+  if (flags & OP_READONLY) a |= MOUNT_ATTR_RDONLY;
+  if (flags & OP_NOSUID) a |= MOUNT_ATTR_NOSUID;
+  if (flags & OP_NODEV) a |= MOUNT_ATTR_NODEV;
+  if (flags & OP_NOEXEC) a |= MOUNT_ATTR_NOEXEC;
+  return a;
+}
 
 struct MountOp {
   OpKind kind = OpKind::Mkdir;
@@ -47,9 +66,11 @@ struct MountOp {
   std::string src;   // host path (already absolute, resolved under the old root)
   std::string dst;   // absolute path inside the new root
   std::string data;  // fs options or file contents
-  std::string lower; // overlay lowerdir value, escaped and prefixed
-  std::string upper; // overlay upperdir, prefixed
-  std::string work;  // overlay workdir, prefixed
+  // Overlay: host paths of the lower layers (highest first), and of the one
+  // directory holding upper and work (overlayfs wants both on one mount),
+  // with upper and work relative to it.
+  std::vector<std::string> lowers;
+  std::string upper_base, upper, work;
 };
 
 enum NsFlag : uint32_t {
@@ -94,6 +115,11 @@ struct Plan {
   std::string uid_map;      // written by the parent to /proc/<pid>/uid_map
   std::string gid_map;
   bool deny_setgroups = true;
+  // The ids every process of the sandbox takes first, once the maps are
+  // written: a root caller is unmapped in its own sandbox until it takes the
+  // root of the range it is mapped to.
+  bool init_ids = false;
+  uint32_t init_uid = 0, init_gid = 0;
   std::string hostname;
   bool pivot = true;        // false: chroot fallback (documented as weaker)
   bool root_readonly = false;
@@ -117,12 +143,23 @@ struct Plan {
   std::vector<Rlimit> rlimits;
   std::vector<FdMapping> fds;  // sorted by target
 
+  // A classic BPF program (struct sock_filter[]) installed as the last step
+  // before execve; empty: none.
+  std::string seccomp;
+
   // A persistent sandbox: PID 1 holds the namespaces and starts nothing;
   // commands join later with Enter().
   bool hold = false;
-  // cgroup.procs files the parent writes the child's pid into before it
-  // runs anything, so every process of the sandbox is counted from birth.
+  // cgroup.procs files of the sandbox's limits. The parent opens them; the
+  // command writes "0" to each before it runs anything of the user's, so
+  // every process of the sandbox is counted from birth, and the sandbox's
+  // own PID 1 and monitors (copies of Node) are never its OOM victims.
   std::vector<std::string> cgroup_procs;
+  std::vector<int> cgroup_fds;
+  // Per spawn: the sources the parent cloned (OP_CLONE_IN_PARENT), in op order
+  // (a bind: 1; an overlay: each lower, then the upper base). A negative
+  // entry is -errno of a source that could not be cloned.
+  std::vector<int> source_fds;
 
   // Pointers into the strings above, built last (vectors must not move).
   std::vector<char*> argv_ptrs;

@@ -18,14 +18,39 @@ interface MountFlags {
   optional?: boolean;
 }
 
+/**
+ * Host sources cloned by the parent before the fork (a root caller's
+ * sandbox runs as an unprivileged host id that cannot traverse root's
+ * directories), and optionally shown through the sandbox's id mapping.
+ */
+interface HostSourceFlags {
+  cloneInParent?: boolean;
+  /** The bind source or the overlay's lower layers are idmapped (needs cloneInParent). */
+  idmap?: boolean;
+}
+
 /** One step of the mount plan, executed in order inside the new root. */
 export type NativeOp =
-  | ({ kind: 'bind'; src: string; dst: string; srcInRoot?: boolean } & MountFlags)
+  | ({ kind: 'bind'; src: string; dst: string; srcInRoot?: boolean } & MountFlags & HostSourceFlags)
   | ({ kind: 'tmpfs'; dst: string; data?: string; mode?: number } & MountFlags)
   | ({ kind: 'proc'; dst: string } & MountFlags)
   | ({ kind: 'devpts'; dst: string; data?: string } & MountFlags)
   | ({ kind: 'mqueue'; dst: string } & MountFlags)
-  | ({ kind: 'overlay'; dst: string; lower: string[]; upper?: string; work?: string; userxattr?: boolean } & MountFlags)
+  | ({
+      kind: 'overlay';
+      dst: string;
+      /** Host paths of the lower layers, highest first. */
+      lower: string[];
+      /** The host directory holding upper and work (overlayfs wants both on one mount)... */
+      upperBase?: string;
+      /** ... and upper and work relative to it. */
+      upper?: string;
+      work?: string;
+      userxattr?: boolean;
+      /** With cloneInParent: the upper base is idmapped too. */
+      upperIdmap?: boolean;
+    } & MountFlags &
+      HostSourceFlags)
   | { kind: 'symlink'; src: string; dst: string }
   | { kind: 'mkdir'; dst: string; mode?: number }
   | { kind: 'write-file'; dst: string; data: string | Buffer; mode?: number }
@@ -43,6 +68,8 @@ export interface NativePlan {
   uidMap?: string;
   gidMap?: string;
   denySetgroups?: boolean;
+  /** Ids every process of the sandbox takes first (a root caller's remapped root). */
+  initUser?: { uid: number; gid: number };
   hostname?: string;
   /** false: chroot instead of pivot_root (weaker, documented fallback). */
   pivot?: boolean;
@@ -62,8 +89,10 @@ export interface NativePlan {
   dieWithParent?: boolean;
   /** A persistent sandbox: PID 1 starts nothing and waits for enter(). */
   hold?: boolean;
-  /** cgroup.procs files the child's pid is written to before it runs. */
+  /** cgroup.procs files every command of the sandbox joins before it runs. */
   cgroupProcs?: string[];
+  /** A classic BPF program (struct sock_filter[]) installed last before execve. */
+  seccomp?: Buffer;
   rlimits?: { resource: number; soft: number; hard: number }[];
   stdio: [NativeStdio, NativeStdio, NativeStdio];
   extraFds?: { target: number; fd: number }[];
@@ -85,6 +114,8 @@ export interface NativeSpawnResult {
   ptySocket: number | null;
   /** enter(): kill-tree (0xff) and signal-number bytes for the command's monitor. */
   controlFd: number | null;
+  /** Sources cloned for an idmapped mount whose filesystem refused the mapping. */
+  idmapFallbacks: { op: number; errno: number }[];
 }
 
 export interface ExitWatch {
@@ -110,6 +141,12 @@ interface Addon {
   stepNames: string[];
   errorRecordSize: number;
   rlimitResources: Record<string, number>;
+  /** Sent to a sandbox's PID 1: kill every other process in it. */
+  killAllSignal: number;
+  /** Written to a monitor's control fd: kill the command's whole subtree. */
+  controlKillTree: number;
+  /** Syscall numbers of the architecture the addon was built for. */
+  syscalls: Record<string, number>;
 }
 
 /** The package root, found from this file whether run from lib/ or dist/lib/. */

@@ -6,7 +6,9 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 
 import { release, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { writable as canWrite } from './limits.js';
+import { rootIdRange } from './policy.js';
 import { run } from './run.js';
+import { DEFAULT_SECCOMP_RULES } from './seccomp.js';
 import { removeTree } from '../layers/fsTree.js';
 
 export interface Check {
@@ -100,6 +102,44 @@ function cgroupCheck(): Check {
   };
 }
 
+async function seccompCheck(): Promise<Check> {
+  const name = 'seccomp';
+  try {
+    // unshare -U is refused by the filter (and only by it, in a user namespace).
+    const r = await run({ argv: ['sh', '-c', 'grep "^Seccomp:" /proc/self/status; unshare -U true 2>/dev/null; echo "unshare=$?"'], timeout: 10_000 });
+    const mode = /Seccomp:\s+(\d)/.exec(r.stdout)?.[1];
+    const refused = /unshare=1/.test(r.stdout);
+    const ok = mode === '2' && refused;
+    const names = [...new Set(DEFAULT_SECCOMP_RULES.map((x) => x.syscall))];
+    return {
+      name,
+      ok,
+      detail: ok
+        ? `default filter installed (${names.length} syscalls ruled); keyctl, add_key, bpf, io_uring_*, userfaultfd, perf_event_open, kexec, modules and new user namespaces refused (EPERM)`
+        : `the filter is not in force: Seccomp: ${mode ?? '?'}, unshare -U ${refused ? 'refused' : 'allowed'}`,
+    };
+  } catch (e) {
+    return { name, ok: false, detail: (e as Error).message };
+  }
+}
+
+async function idMappingCheck(): Promise<Check> {
+  const name = 'id mapping';
+  if (process.getuid?.() !== 0) {
+    return { name, ok: true, detail: 'this user is root inside its sandboxes, and nobody else is mapped (one id)' };
+  }
+  const range = rootIdRange();
+  const where = `root's sandboxes run as host ids ${range.uid}-${range.uid + range.count - 1} (uids) and ${range.gid}-${range.gid + range.count - 1} (gids), never as the host's root`;
+  try {
+    // With idmapped mounts the host's root-owned /usr looks root-owned inside.
+    const r = await run({ argv: ['stat', '-c', '%u', '/usr'], timeout: 10_000 });
+    const idmapped = r.stdout.trim() === '0';
+    return { name, ok: true, detail: `${where}; host binds ${idmapped ? 'are idmapped (root\'s files look root\'s inside)' : 'could not be idmapped here: root\'s files show as nobody inside'}` };
+  } catch (e) {
+    return { name, ok: false, detail: `${where}; ${(e as Error).message}` };
+  }
+}
+
 function fuseCheck(): Check {
   const usable = canWrite('/dev/fuse');
   return { name: '/dev/fuse', ok: true, detail: `${usable ? 'usable' : 'not usable by this user'} (not needed: overlayfs is used)` };
@@ -115,6 +155,8 @@ export async function doctor(): Promise<Check[]> {
       pty: true,
     }),
     await overlayCheck(),
+    await seccompCheck(),
+    await idMappingCheck(),
     cgroupCheck(),
     fuseCheck(),
   ];

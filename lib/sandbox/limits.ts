@@ -7,12 +7,13 @@ import { existsSync, mkdirSync, readFileSync, rmdirSync, writeFileSync, accessSy
 import { join } from 'node:path';
 import { ConfigError } from './errors.js';
 import type { RlimitName, RlimitValue } from './options.js';
+import { DEFAULT_PIDS } from './policy.js';
 
 export interface Limits {
   /** Bytes, or a size like '512m', '2g'. */
   memory?: number | string;
-  /** Most processes (and threads) alive at once. */
-  pids?: number;
+  /** Most processes (and threads) alive at once; default DEFAULT_PIDS (1024), null for none. */
+  pids?: number | null;
   /** CPU time as a number of cores, e.g. 0.5 or 2. */
   cpu?: number;
 }
@@ -23,6 +24,10 @@ export interface LimitReport {
   memory: { limit: number | null; enforcedBy: EnforcedBy; note?: string };
   pids: { limit: number | null; enforcedBy: EnforcedBy; note?: string };
   cpu: { limit: number | null; enforcedBy: EnforcedBy; note?: string };
+  /** Sizes of the sandbox's own tmpfs mounts (memory, counted in a memory limit), by mount point. */
+  tmpfs: Record<string, string>;
+  /** Writes to /work and overlay uppers on the host's disk. */
+  disk: { limit: null; enforcedBy: 'none'; note: string };
 }
 
 export function parseSize(option: string, v: number | string): number {
@@ -69,6 +74,30 @@ function delegatedV2(): string | null {
   return ['memory', 'pids', 'cpu'].every((c) => enabled.includes(c)) ? parent : null;
 }
 
+/** Where the cgroups of sandbox `id` are (or would be): v1 per controller, or delegated v2. */
+function cgroupDirsOf(id: string): string[] {
+  const v2 = delegatedV2();
+  if (v2) return [join(v2, `minisandbox-${id}`)];
+  return ['memory', 'pids', 'cpu'].map((c) => join(V1, c, 'minisandbox', id));
+}
+
+/**
+ * Removes the cgroups of a sandbox whose processes are all gone (its owner
+ * died without closing it). Returns what could not be removed, and why.
+ */
+export function removeSandboxCgroups(id: string): { dir: string; reason: string }[] {
+  const failed: { dir: string; reason: string }[] = [];
+  for (const dir of cgroupDirsOf(id)) {
+    try {
+      rmdirSync(dir);
+    } catch (e) {
+      const err = e as NodeJS.ErrnoException;
+      if (err.code !== 'ENOENT') failed.push({ dir, reason: err.code === 'EBUSY' ? 'processes still run in it' : err.message });
+    }
+  }
+  return failed;
+}
+
 /** The cgroups (or rlimits) of one sandbox. */
 export class SandboxLimits {
   /** cgroup.procs files a new process of the sandbox joins before it runs. */
@@ -82,12 +111,18 @@ export class SandboxLimits {
 
   constructor(id: string, limits: Limits = {}) {
     const memory = limits.memory !== undefined ? parseSize('limits.memory', limits.memory) : null;
-    const pids = limits.pids ?? null;
+    const pids = limits.pids === undefined ? DEFAULT_PIDS : limits.pids;
     const cpu = limits.cpu ?? null;
-    if (pids !== null && (!Number.isInteger(pids) || pids < 1)) throw new ConfigError('limits.pids: must be a positive integer', 'limits.pids');
+    if (pids !== null && (!Number.isInteger(pids) || pids < 1)) throw new ConfigError('limits.pids: must be a positive integer, or null for no limit', 'limits.pids');
     if (cpu !== null && !(cpu > 0)) throw new ConfigError('limits.cpu: must be a positive number of cores', 'limits.cpu');
     const none = { enforcedBy: 'none' as EnforcedBy };
-    this.report = { memory: { limit: memory, ...none }, pids: { limit: pids, ...none }, cpu: { limit: cpu, ...none } };
+    this.report = {
+      memory: { limit: memory, ...none },
+      pids: { limit: pids, ...none },
+      cpu: { limit: cpu, ...none },
+      tmpfs: {},
+      disk: { limit: null, enforcedBy: 'none', note: 'not bounded: this filesystem has no per-directory quota for the sandbox to use' },
+    };
     if (memory === null && pids === null && cpu === null) return;
 
     const isRoot = process.getuid?.() === 0;

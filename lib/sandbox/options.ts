@@ -4,8 +4,9 @@
  * (plan.ts), executed by the addon.
  */
 import type { NamespaceName } from '../native/index.js';
+import type { SeccompOption } from './seccomp.js';
 
-export type { NamespaceName };
+export type { NamespaceName, SeccompOption };
 
 /** A host path made visible inside the sandbox. Always recursive. */
 export interface BindMount {
@@ -110,7 +111,7 @@ export interface SandboxOptions {
   proc?: boolean;
   /** Minimal /dev (root 'host' only). Default true. */
   dev?: boolean;
-  /** Private tmpfs at /tmp (root 'host' only). Default true; an object sets its size. */
+  /** Private tmpfs at /tmp (root 'host' only). Default true (1 GiB); an object sets its size. */
   tmp?: boolean | { size: number | string };
   /** Make the root's top level read-only. Default false. */
   readOnlyRoot?: boolean;
@@ -125,9 +126,25 @@ export interface SandboxOptions {
   namespaces?: Partial<Record<Exclude<NamespaceName, 'mount' | 'net'>, boolean>>;
   /**
    * Who the caller is inside: 'root' (default) maps the caller to uid 0,
-   * 'self' maps it to its own uid and gid.
+   * 'self' maps it to its own uid and gid. A root caller is never mapped to
+   * the host's root: its sandbox's ids 0-65535 are an unprivileged host
+   * range (policy.ts rootIdRange), and host binds are idmapped so that
+   * root's files still look root's inside.
    */
   mapUser?: 'root' | 'self';
+  /**
+   * The seccomp filter of every process in the sandbox: 'default' (Docker's
+   * default profile, as policy: lib/sandbox/seccomp.ts), 'none', or the
+   * defaults extended and relaxed by syscall name.
+   */
+  seccomp?: SeccompOption;
+  /**
+   * Let processes inside create user and cgroup namespaces (to run bwrap,
+   * podman or unshare inside): the seccomp rules against them go, and every
+   * process keeps CAP_SETFCAP, without which the kernel refuses to map root
+   * into a nested user namespace. Default false.
+   */
+  nesting?: boolean;
   /** Root switch: 'pivot_root' (default) or the weaker 'chroot' fallback. */
   rootSwitch?: 'pivot_root' | 'chroot';
 }

@@ -12,17 +12,23 @@ import type { Mount, ProcessOptions, SandboxOptions, SpawnOptions, StdioOption }
 import {
   CAPABILITIES,
   DEFAULT_PATH,
+  DEFAULT_PIDS,
+  TMPFS_SIZES,
   WORK_DIR,
   ROOT_TMPFS,
   devOps,
   hostRoot,
+  hostSourceFlags,
   identityFileOps,
   procOps,
+  rootIdRange,
+  type IdRange,
 } from './policy.js';
+import { seccompProgram } from './seccomp.js';
 
 const SANDBOX_KEYS = [
   'root', 'mounts', 'workDir', 'proc', 'dev', 'tmp', 'readOnlyRoot', 'hostname', 'network',
-  'namespaces', 'mapUser', 'rootSwitch',
+  'namespaces', 'mapUser', 'rootSwitch', 'seccomp', 'nesting',
 ] as const;
 const PROCESS_KEYS = [
   'argv', 'env', 'inheritEnv', 'cwd', 'user', 'rlimits', 'capabilities', 'noNewPrivs', 'newSession',
@@ -83,15 +89,24 @@ export interface NamedMount {
   mount: Mount;
 }
 
+/** The directory holding both `a` and `b` (host paths, absolute, normalised). */
+function commonDir(a: string, b: string): string {
+  const pa = a.split('/');
+  const pb = b.split('/');
+  let i = 0;
+  while (i < pa.length && i < pb.length && pa[i] === pb[i]) i++;
+  return pa.slice(0, i).join('/') || '/';
+}
+
 /** Overlay in a user namespace needs user.* xattrs (kernel >= 5.11). */
-function mountOps(m: Mount, at: string, userns: boolean): NativeOp[] {
+function mountOps(m: Mount, at: string, id: Identity): NativeOp[] {
   if (typeof m !== 'object' || m === null) fail(at, 'must be an object');
   const target = checkSandboxPath(`${at}.target`, m.target);
   switch (m.type) {
     case 'bind': {
       if (m.optional && typeof m.source === 'string' && !existsSync(m.source)) return [];
       const src = hostPath(`${at}.source`, m.source, 'bind source');
-      return [{ kind: 'bind', src, dst: target, readOnly: !!m.readOnly, nosuid: true, nodev: !m.devices }];
+      return [{ kind: 'bind', src, dst: target, readOnly: !!m.readOnly, nosuid: true, nodev: !m.devices, ...hostSourceFlags(src, id.range) }];
     }
     case 'tmpfs': {
       const data = tmpfsData(`${at}.size`, m.size, mode(`${at}.mode`, m.mode, 0o755));
@@ -101,12 +116,20 @@ function mountOps(m: Mount, at: string, userns: boolean): NativeOp[] {
       if (!Array.isArray(m.lower) || m.lower.length === 0) fail(`${at}.lower`, 'needs at least one lower directory');
       const lower = m.lower.map((l, j) => hostDir(`${at}.lower[${j}]`, l, 'overlay lower dir'));
       if ((m.upper === undefined) !== (m.work === undefined)) fail(at, 'overlay upper and work must be given together');
-      const op: NativeOp = { kind: 'overlay', dst: target, lower, nosuid: true, nodev: true, userxattr: userns };
+      // Lower layers all idmapped or none: the store's layers are root's.
+      const { cloneInParent, idmap } = hostSourceFlags(lower[0]!, id.range);
+      const op: NativeOp = { kind: 'overlay', dst: target, lower, nosuid: true, nodev: true, userxattr: id.userns, cloneInParent, idmap };
       if (m.upper !== undefined && m.work !== undefined) {
-        op.upper = hostDir(`${at}.upper`, m.upper, 'overlay upper dir');
-        op.work = hostDir(`${at}.work`, m.work, 'overlay work dir');
-        if (statSync(op.upper).dev !== statSync(op.work).dev) fail(at, `overlay upper ${m.upper} and work ${m.work} must be on the same filesystem`);
-        if (op.upper === op.work) fail(at, 'overlay upper and work must be different directories');
+        const upper = hostDir(`${at}.upper`, m.upper, 'overlay upper dir');
+        const work = hostDir(`${at}.work`, m.work, 'overlay work dir');
+        if (statSync(upper).dev !== statSync(work).dev) fail(at, `overlay upper ${m.upper} and work ${m.work} must be on the same filesystem`);
+        if (upper === work) fail(at, 'overlay upper and work must be different directories');
+        const base = commonDir(upper, work);
+        if (base === upper || base === work) fail(at, `overlay upper ${m.upper} and work ${m.work} must be separate directories, neither inside the other`);
+        // Cloned as one mount (overlayfs wants upper and work on one), shown
+        // under a neutral path inside.
+        Object.assign(op, { upperBase: base, upper: posix.relative(base, upper), work: posix.relative(base, work) });
+        if (id.range) op.upperIdmap = hostSourceFlags(base, id.range).idmap;
       }
       return [op];
     }
@@ -145,27 +168,55 @@ export interface Identity {
   uidMap?: string;
   gidMap?: string;
   denySetgroups: boolean;
+  /** The ids the caller's processes have inside. */
   insideUid: number;
   insideGid: number;
+  /**
+   * A root caller's sandbox: ids 0..count-1 inside are this host range, so
+   * its root is an unprivileged host id (see rootIdRange in policy.ts).
+   */
+  range?: IdRange;
+}
+
+/**
+ * The host id range a sandbox with these options runs as, when the caller
+ * is root (and keeps the user namespace); undefined otherwise.
+ */
+export function remappedRange(opts: SandboxOptions): IdRange | undefined {
+  const root = (process.getuid?.() ?? 0) === 0;
+  return root && (opts.namespaces?.user ?? true) ? rootIdRange() : undefined;
 }
 
 function identity(opts: SandboxOptions, ns: Set<NamespaceName>): Identity {
   const uid = process.getuid?.() ?? 0;
   const gid = process.getgid?.() ?? 0;
+  const mapUser = opts.mapUser ?? 'root';
+  if (mapUser !== 'root' && mapUser !== 'self') fail('mapUser', `'${String(mapUser)}' must be 'root' or 'self'`);
   if (!ns.has('user')) {
     if (uid !== 0) fail('namespaces.user', 'a non-root caller needs the user namespace');
     return { userns: false, denySetgroups: false, insideUid: uid, insideGid: gid };
   }
-  const mapUser = opts.mapUser ?? 'root';
-  if (mapUser !== 'root' && mapUser !== 'self') fail('mapUser', `'${String(mapUser)}' must be 'root' or 'self'`);
+  const range = remappedRange(opts);
+  if (range) {
+    // The caller's root stays outside: its own uid 0 is not mapped at all.
+    return {
+      userns: true,
+      uidMap: `0 ${range.uid} ${range.count}\n`,
+      gidMap: `0 ${range.gid} ${range.count}\n`,
+      denySetgroups: false,
+      insideUid: 0,
+      insideGid: 0,
+      range,
+    };
+  }
   const insideUid = mapUser === 'root' ? 0 : uid;
   const insideGid = mapUser === 'root' ? 0 : gid;
   return {
     userns: true,
     uidMap: `${insideUid} ${uid} 1\n`,
     gidMap: `${insideGid} ${gid} 1\n`,
-    // Required for an unprivileged gid_map; root may keep setgroups working.
-    denySetgroups: uid !== 0,
+    // Required for an unprivileged gid_map.
+    denySetgroups: true,
     insideUid,
     insideGid,
   };
@@ -257,7 +308,7 @@ export function describeNativeOp(op: NativeOp): string {
     case 'bind':
       return `${op.readOnly ? 'ro-bind' : 'bind'} ${op.srcInRoot ? '(sandbox) ' : ''}${op.src} -> ${op.dst}`;
     case 'overlay':
-      return `overlay ${op.dst} (lower ${op.lower.join(':')}${op.upper ? `, upper ${op.upper}, work ${op.work}` : ''})`;
+      return `overlay ${op.dst} (lower ${op.lower.join(':')}${op.upperBase ? `, upper ${posix.join(op.upperBase, op.upper!)}, work ${posix.join(op.upperBase, op.work!)}` : ''})`;
     case 'symlink':
       return `symlink ${op.dst} -> ${op.src}`;
     case 'write-file':
@@ -275,6 +326,10 @@ export interface SandboxPart {
   identity: Identity;
   hostname: string;
   root: 'host' | 'empty';
+  /** The seccomp program every process of the sandbox runs under; undefined: none. */
+  seccomp?: Buffer;
+  /** Processes may create user namespaces (options.nesting). */
+  nesting: boolean;
   /** Ops shared by every sandbox of this kind (the host root), prepared once. */
   prefix?: { ops: readonly NativeOp[]; prepared: PreparedOps };
   ops: NativeOp[];
@@ -310,10 +365,12 @@ export function buildSandboxPart(opts: SandboxOptions, extra: { ops?: NativeOp[]
   if (typeof hostname !== 'string' || !/^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$/.test(hostname)) {
     fail('hostname', `'${String(hostname)}' is not a valid host name`);
   }
+  if (opts.nesting !== undefined && typeof opts.nesting !== 'boolean') fail('nesting', 'must be a boolean');
+  const seccomp = seccompProgram(opts.seccomp, { nesting: opts.nesting });
   const ops: NativeOp[] = [];
   const root = opts.root ?? 'host';
   if (root !== 'host' && root !== 'empty') fail('root', `'${String(root)}' must be 'host' or 'empty'`);
-  const prefix = root === 'host' ? hostRoot() : undefined;
+  const prefix = root === 'host' ? hostRoot(id.range) : undefined;
   if (!prefix) ops.push(ROOT_TMPFS);
   if (root === 'host') {
     if (ns.has('uts')) ops.push(...identityFileOps(hostname));
@@ -321,13 +378,14 @@ export function buildSandboxPart(opts: SandboxOptions, extra: { ops?: NativeOp[]
     if (opts.proc ?? true) ops.push(...procOps());
     const tmp = opts.tmp ?? true;
     if (tmp) {
-      const size = typeof tmp === 'object' ? tmp.size : undefined;
+      const size = typeof tmp === 'object' ? tmp.size : TMPFS_SIZES.tmp;
       ops.push({ kind: 'tmpfs', dst: '/tmp', data: tmpfsData('tmp.size', size, 0o1777), nosuid: true, nodev: true });
     }
     if (opts.workDir !== undefined) {
-      ops.push({ kind: 'bind', src: hostDir('workDir', opts.workDir, 'workDir'), dst: WORK_DIR, nosuid: true, nodev: true });
+      const src = hostDir('workDir', opts.workDir, 'workDir');
+      ops.push({ kind: 'bind', src, dst: WORK_DIR, nosuid: true, nodev: true, ...hostSourceFlags(src, id.range) });
     } else {
-      ops.push({ kind: 'tmpfs', dst: WORK_DIR, data: 'mode=0755', nosuid: true, nodev: true });
+      ops.push({ kind: 'tmpfs', dst: WORK_DIR, data: `mode=0755,size=${TMPFS_SIZES.work}`, nosuid: true, nodev: true });
     }
     // The home of uid 0 inside; HOME must exist for most tools.
     ops.push({ kind: 'mkdir', dst: '/root', mode: 0o700 });
@@ -339,10 +397,10 @@ export function buildSandboxPart(opts: SandboxOptions, extra: { ops?: NativeOp[]
   if (!Array.isArray(own)) fail('mounts', 'must be an array');
   const mounts = [...(extra.mounts ?? []), ...own.map((mount, i) => ({ option: `mounts[${i}]`, mount }))];
   checkConflicts(mounts);
-  for (const { option, mount } of mounts) ops.push(...mountOps(mount, option, id.userns));
+  for (const { option, mount } of mounts) ops.push(...mountOps(mount, option, id));
   const rootSwitch = opts.rootSwitch ?? 'pivot_root';
   if (rootSwitch !== 'pivot_root' && rootSwitch !== 'chroot') fail('rootSwitch', "must be 'pivot_root' or 'chroot'");
-  return { namespaces: [...ns], identity: id, hostname, root, prefix, ops, pivot: rootSwitch === 'pivot_root', readOnlyRoot: !!opts.readOnlyRoot };
+  return { namespaces: [...ns], identity: id, hostname, root, seccomp, nesting: !!opts.nesting, prefix, ops, pivot: rootSwitch === 'pivot_root', readOnlyRoot: !!opts.readOnlyRoot };
 }
 
 /** 'CAP_CHOWN' or 'chown' -> 0; an unknown name is a ConfigError naming `option`. */
@@ -361,7 +419,7 @@ export function buildProcessPart(
   opts: ProcessOptions,
   sandbox: SandboxPart,
   defaults: ProcessDefaults = {},
-): Pick<NativePlan, 'argv' | 'env' | 'execCandidates' | 'cwd' | 'user' | 'noNewPrivs' | 'keepCaps' | 'newSession' | 'dieWithParent' | 'rlimits' | 'stdio' | 'extraFds' | 'pty'> {
+): Pick<NativePlan, 'argv' | 'env' | 'execCandidates' | 'cwd' | 'user' | 'initUser' | 'noNewPrivs' | 'keepCaps' | 'seccomp' | 'newSession' | 'dieWithParent' | 'rlimits' | 'stdio' | 'extraFds' | 'pty'> {
   if (!Array.isArray(opts.argv) || opts.argv.length === 0 || !opts.argv.every((a) => typeof a === 'string')) {
     fail('argv', 'must be a non-empty array of strings');
   }
@@ -371,11 +429,21 @@ export function buildProcessPart(
   const user = opts.user;
   if (user !== undefined) {
     if (!Number.isInteger(user.uid) || !Number.isInteger(user.gid) || user.uid < 0 || user.gid < 0) fail('user', 'needs integer uid and gid');
-    if (id.userns && (user.uid !== id.insideUid || user.gid !== id.insideGid)) {
+    if (id.range) {
+      if (user.uid >= id.range.count || user.gid >= id.range.count) fail('user', `uid ${user.uid}/gid ${user.gid} is not mapped in the sandbox's user namespace (mapped: 0-${id.range.count - 1})`);
+    } else if (id.userns && (user.uid !== id.insideUid || user.gid !== id.insideGid)) {
       fail('user', `uid ${user.uid}/gid ${user.gid} is not mapped in the sandbox's user namespace (mapped: ${id.insideUid}/${id.insideGid})`);
     }
   }
   const keepCaps = capabilityNumbers('capabilities', opts.capabilities ?? defaults.capabilities ?? []);
+  // The kernel lets a process map its own uid 0 into a user namespace it
+  // creates only if it held CAP_SETFCAP (verify_root_map): nesting keeps it.
+  // It grants nothing else here: no_new_privs makes file capabilities inert.
+  if (sandbox.nesting && !keepCaps.includes(CAPABILITIES.CAP_SETFCAP!)) keepCaps.push(CAPABILITIES.CAP_SETFCAP!);
+  const noNewPrivs = opts.noNewPrivs ?? true;
+  if (!noNewPrivs && sandbox.seccomp && !keepCaps.includes(CAPABILITIES.CAP_SYS_ADMIN!)) {
+    fail('noNewPrivs', "false needs seccomp: 'none' or the CAP_SYS_ADMIN capability (the kernel takes a seccomp filter only under no_new_privs or from a holder of CAP_SYS_ADMIN)");
+  }
   let pty: NativePlan['pty'];
   if (opts.pty) {
     const p = typeof opts.pty === 'object' ? opts.pty : {};
@@ -390,14 +458,19 @@ export function buildProcessPart(
     return { target, fd };
   });
   if (opts.timeout !== undefined && (typeof opts.timeout !== 'number' || !(opts.timeout > 0))) fail('timeout', 'must be a positive number of milliseconds');
+  // A remapped root caller's command always takes its ids: a command
+  // joining a running sandbox starts as the caller's unmapped uid.
+  const ids = user ?? (id.range ? { uid: id.insideUid, gid: id.insideGid } : undefined);
   return {
     argv: opts.argv,
     env,
     execCandidates: execCandidates(opts.argv[0]!, env),
     cwd,
-    user: user ?? undefined,
-    noNewPrivs: opts.noNewPrivs ?? true,
+    user: ids,
+    initUser: id.range ? { uid: id.insideUid, gid: id.insideGid } : undefined,
+    noNewPrivs,
     keepCaps,
+    seccomp: sandbox.seccomp,
     newSession: opts.newSession ?? true,
     dieWithParent: opts.dieWithParent ?? true,
     rlimits: rlimits({ rlimits: { ...defaults.rlimits, ...opts.rlimits } } as ProcessOptions),
@@ -414,12 +487,14 @@ export function allOps(part: SandboxPart): readonly NativeOp[] {
   return part.prefix ? [...part.prefix.ops, ...part.ops] : part.ops;
 }
 
-export function sandboxPlanFields(part: SandboxPart): Pick<NativePlan, 'namespaces' | 'uidMap' | 'gidMap' | 'denySetgroups' | 'hostname' | 'pivot' | 'rootReadOnly' | 'opsPrefix' | 'ops'> {
+export function sandboxPlanFields(part: SandboxPart): Pick<NativePlan, 'namespaces' | 'uidMap' | 'gidMap' | 'denySetgroups' | 'initUser' | 'hostname' | 'pivot' | 'rootReadOnly' | 'opsPrefix' | 'ops'> {
+  const { identity: id } = part;
   return {
     namespaces: part.namespaces,
-    uidMap: part.identity.uidMap,
-    gidMap: part.identity.gidMap,
-    denySetgroups: part.identity.denySetgroups,
+    uidMap: id.uidMap,
+    gidMap: id.gidMap,
+    denySetgroups: id.denySetgroups,
+    initUser: id.range ? { uid: id.insideUid, gid: id.insideGid } : undefined,
     hostname: part.hostname,
     pivot: part.pivot,
     rootReadOnly: part.readOnlyRoot,
@@ -437,7 +512,9 @@ export function buildPlan(opts: SpawnOptions): BuiltPlan {
   if (typeof opts !== 'object' || opts === null) throw new ConfigError('options must be an object');
   checkKeys(opts, KNOWN_OPTION_KEYS);
   const sandbox = buildSandboxPart(opts);
-  const plan: NativePlan = { ...sandboxPlanFields(sandbox), ...buildProcessPart(opts, sandbox) };
+  // A fresh sandbox has no cgroup: its process cap is RLIMIT_NPROC, counted
+  // in its own user namespace.
+  const plan: NativePlan = { ...sandboxPlanFields(sandbox), ...buildProcessPart(opts, sandbox, { rlimits: { nproc: DEFAULT_PIDS } }) };
   const ops = allOps(sandbox);
   return { plan, allOps: ops, describeOp: describer(ops) };
 }

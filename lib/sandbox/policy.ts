@@ -6,6 +6,52 @@
 import { lstatSync, readFileSync, readlinkSync } from 'node:fs';
 import { native, type NativeOp, type PreparedOps } from '../native/index.js';
 
+/**
+ * Host ids a root caller's sandbox runs as: its root is the first, never the
+ * host's root (as rootless Podman's subuids, or Docker's userns-remap). The
+ * range is the `minisandbox` entry of /etc/subuid and /etc/subgid where
+ * there is one, else DEFAULT_ROOT_ID_RANGE. One range for every sandbox:
+ * sandboxes cannot see each other's processes or files, so sharing ids
+ * costs them nothing, as with Docker's single remapped range.
+ */
+export interface IdRange {
+  uid: number;
+  gid: number;
+  count: number;
+}
+
+/** Above systemd's container range (524288-1879048191), below the ids some tools read as negative. */
+export const DEFAULT_ROOT_ID_RANGE: IdRange = { uid: 1879048192, gid: 1879048192, count: 65536 };
+
+export const SUBID_USER = 'minisandbox';
+
+function subidEntry(file: string): { start: number; count: number } | undefined {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch {
+    return undefined;
+  }
+  for (const line of text.split('\n')) {
+    const [name, start, count] = line.trim().split(':');
+    if (name !== SUBID_USER) continue;
+    const s = Number(start);
+    const c = Number(count);
+    if (Number.isInteger(s) && Number.isInteger(c) && s > 0 && c > 0) return { start: s, count: Math.min(c, 65536) };
+  }
+  return undefined;
+}
+
+let rootIdRangeCache: IdRange | undefined;
+
+export function rootIdRange(): IdRange {
+  if (rootIdRangeCache) return rootIdRangeCache;
+  const u = subidEntry('/etc/subuid');
+  const g = subidEntry('/etc/subgid');
+  rootIdRangeCache = u && g ? { uid: u.start, gid: g.start, count: Math.min(u.count, g.count) } : DEFAULT_ROOT_ID_RANGE;
+  return rootIdRangeCache;
+}
+
 /** Top-level host directories the 'host' root shows read-only. */
 export const HOST_ROOT_DIRS = ['/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32'];
 
@@ -47,11 +93,53 @@ export const WORK_DIR = '/work';
 export const COPY_FILES_UP_TO = 256 * 1024;
 
 /**
+ * Most processes and threads alive at once in a sandbox unless its limits
+ * say otherwise: a fork bomb stops there, a parallel build or test suite
+ * does not (the host's pid_max may be as low as 32768).
+ */
+export const DEFAULT_PIDS = 1024;
+
+/**
+ * Sizes of the sandbox's own tmpfs mounts. Without a size a tmpfs may grow
+ * to half the host's RAM; these let a build or a test suite work and stop a
+ * runaway one. tmpfs pages count against a memory limit as well.
+ */
+export const TMPFS_SIZES = {
+  /** The root's own tmpfs: copied /etc files and mount points. */
+  root: '256m',
+  tmp: '1g',
+  /** /work when it is a tmpfs (run() without workDir). */
+  work: '1g',
+  /** Docker's default /dev/shm. */
+  shm: '64m',
+  /** /dev holds only device binds, symlinks and mount points. */
+  dev: '1m',
+} as const;
+
+/**
+ * How a host bind or overlay of a root caller's sandbox is made: the parent
+ * clones the source (the sandbox's unprivileged host id cannot traverse
+ * root's directories), shown through the sandbox's id mapping so that the
+ * host's root-owned files look root-owned inside, unless the source belongs
+ * to the sandbox's own host id already (its private directories).
+ */
+export function hostSourceFlags(path: string, range: IdRange | undefined): { cloneInParent?: boolean; idmap?: boolean } {
+  if (!range) return {};
+  let owner: number | undefined;
+  try {
+    owner = lstatSync(path).uid;
+  } catch {
+    // missing: the native side reports it (or skips an optional bind)
+  }
+  return { cloneInParent: true, idmap: owner !== range.uid };
+}
+
+/**
  * Ops for a host path in the 'host' root: a symlink stays a symlink (merged
  * /usr: /bin -> usr/bin), a small regular file is copied, a directory (or a
  * large file) becomes a read-only bind, a missing path is skipped.
  */
-export function mirrorHostPath(path: string, target = path): NativeOp[] {
+export function mirrorHostPath(path: string, target = path, range?: IdRange): NativeOp[] {
   let st;
   try {
     st = lstatSync(path);
@@ -66,11 +154,11 @@ export function mirrorHostPath(path: string, target = path): NativeOp[] {
       return []; // unreadable for this user: the sandbox does not get it either
     }
   }
-  return [{ kind: 'bind', src: path, dst: target, readOnly: true, nosuid: true, nodev: true }];
+  return [{ kind: 'bind', src: path, dst: target, readOnly: true, nosuid: true, nodev: true, ...hostSourceFlags(path, range) }];
 }
 
 /** The sandbox root's own tmpfs, the first op of every plan. */
-export const ROOT_TMPFS: NativeOp = { kind: 'tmpfs', dst: '/', data: 'mode=0755', nosuid: true, nodev: true };
+export const ROOT_TMPFS: NativeOp = { kind: 'tmpfs', dst: '/', data: `mode=0755,size=${TMPFS_SIZES.root}`, nosuid: true, nodev: true };
 
 /**
  * How long the host root's ops are reused: looking at ~45 host paths, and
@@ -86,16 +174,19 @@ export interface HostRoot {
   prepared: PreparedOps;
 }
 
-let hostRootCache: { root: HostRoot; at: number } | undefined;
+/** One cache per id mapping: a root caller's binds are idmapped. */
+const hostRootCache = new Map<string, { root: HostRoot; at: number }>();
 
-export function hostRoot(): HostRoot {
+export function hostRoot(range?: IdRange): HostRoot {
   const now = performance.now();
-  if (hostRootCache && now - hostRootCache.at < HOST_ROOT_TTL_MS) return hostRootCache.root;
+  const key = range ? `${range.uid}:${range.gid}:${range.count}` : '';
+  const cached = hostRootCache.get(key);
+  if (cached && now - cached.at < HOST_ROOT_TTL_MS) return cached.root;
   const ops: NativeOp[] = [ROOT_TMPFS];
-  for (const dir of HOST_ROOT_DIRS) ops.push(...mirrorHostPath(dir));
-  for (const entry of HOST_ETC_ENTRIES) ops.push(...mirrorHostPath(`/etc/${entry}`));
+  for (const dir of HOST_ROOT_DIRS) ops.push(...mirrorHostPath(dir, dir, range));
+  for (const entry of HOST_ETC_ENTRIES) ops.push(...mirrorHostPath(`/etc/${entry}`, `/etc/${entry}`, range));
   const root = { ops, prepared: native.prepareOps(ops) };
-  hostRootCache = { root, at: now };
+  hostRootCache.set(key, { root, at: now });
   return root;
 }
 
@@ -113,10 +204,12 @@ export function identityFileOps(hostname: string): NativeOp[] {
 }
 
 export function devOps(target = '/dev'): NativeOp[] {
-  const ops: NativeOp[] = [{ kind: 'tmpfs', dst: target, data: 'mode=0755', nosuid: true, noexec: true }];
+  const ops: NativeOp[] = [{ kind: 'tmpfs', dst: target, data: `mode=0755,size=${TMPFS_SIZES.dev}`, nosuid: true, noexec: true }];
   for (const node of DEV_NODES) {
-    // Not nodev: these are device nodes and must open.
-    ops.push({ kind: 'bind', src: `/dev/${node}`, dst: `${target}/${node}`, nosuid: true, noexec: true });
+    // Not nodev: these are device nodes and must open, for writing too (a
+    // read-only mount does not stop writes to a device). Read-only stops
+    // chmod, chown and utimes: the nodes are the host's own.
+    ops.push({ kind: 'bind', src: `/dev/${node}`, dst: `${target}/${node}`, readOnly: true, nosuid: true, noexec: true });
   }
   for (const [name, link] of [
     ['stdin', '/proc/self/fd/0'],
@@ -130,7 +223,7 @@ export function devOps(target = '/dev'): NativeOp[] {
   }
   // A private devpts instance: the sandbox sees only its own terminals.
   ops.push({ kind: 'devpts', dst: `${target}/pts`, data: 'newinstance,ptmxmode=0666,mode=620', nosuid: true, noexec: true });
-  ops.push({ kind: 'tmpfs', dst: `${target}/shm`, data: 'mode=1777', nosuid: true, nodev: true });
+  ops.push({ kind: 'tmpfs', dst: `${target}/shm`, data: `mode=1777,size=${TMPFS_SIZES.shm}`, nosuid: true, nodev: true });
   return ops;
 }
 

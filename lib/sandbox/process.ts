@@ -18,9 +18,6 @@ export interface ExitInfo {
   signal: NodeJS.Signals | null;
 }
 
-/** Written to a monitor's control pipe: kill the command's whole subtree. */
-const CONTROL_KILL_TREE = 0xff;
-
 const signalNames = new Map<number, NodeJS.Signals>();
 for (const [name, num] of Object.entries(osConstants.signals)) signalNames.set(num, name as NodeJS.Signals);
 
@@ -226,7 +223,7 @@ export class SandboxProcess implements AsyncDisposable {
   kill(signal: NodeJS.Signals | number = 'SIGTERM'): boolean {
     if (this.exitInfo || this.#pidfd === null) return false;
     const signo = signalNumber(signal);
-    if (this.#controlFd !== null) return this.#control(signo === osConstants.signals.SIGKILL ? CONTROL_KILL_TREE : signo);
+    if (this.#controlFd !== null) return this.#control(signo === osConstants.signals.SIGKILL ? native.controlKillTree : signo);
     return native.signal(this.#pidfd, signo);
   }
 

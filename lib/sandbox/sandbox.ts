@@ -5,7 +5,7 @@
  * whole subtree and nothing else.
  */
 import { spawn as hostSpawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { chownSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, posix } from 'node:path';
 import { extractArchive } from '../layers/extract.js';
@@ -23,13 +23,16 @@ import {
   buildSandboxPart,
   checkSandboxPath,
   describer,
+  describeNativeOp,
+  remappedRange,
   sandboxPlanFields,
   type NamedMount,
   type SandboxPart,
 } from './plan.js';
-import { FILE_CAPABILITIES, WORK_DIR } from './policy.js';
+import { FILE_CAPABILITIES, TMPFS_SIZES, WORK_DIR } from './policy.js';
 import { SandboxProcess, callNative } from './process.js';
 import { collectResult, type RunResult } from './run.js';
+import { describeErrno } from './errors.js';
 import { removeTree } from '../layers/fsTree.js';
 import { collectGarbage, createPrivateDir, defaultStateDir, ensureStateDir, newSandboxId } from './state.js';
 
@@ -57,6 +60,19 @@ export interface SandboxCreateOptions extends SandboxOptions {
 }
 
 export type Command = string | string[];
+
+/** How a sandbox is isolated, as it really is (not as asked). */
+export interface IsolationReport {
+  /** The id maps of its user namespace ("inside outside count"). */
+  uidMap: string | null;
+  gidMap: string | null;
+  /** False: the caller's root is not root in the sandbox (a remapped range). */
+  hostRootInside: boolean;
+  seccomp: 'default' | 'none' | 'custom';
+  nesting: boolean;
+  /** Host mounts shown without the id mapping, because their filesystem refused it. */
+  notIdmapped: string[];
+}
 
 export interface ExecOptions extends Omit<ProcessOptions, 'argv' | 'pty'> {
   input?: string | Buffer;
@@ -86,9 +102,6 @@ export interface ShellOptions {
 
 const collectedStateDirs = new Set<string>();
 
-/** Signal PID 1 takes as "kill everything else" (native/child.h kSignalKillAll). */
-const KILL_ALL_SIGNAL = 64;
-
 /** `sh -c` for a string, the argv itself for an array. */
 function argvOf(cmd: Command): string[] {
   if (typeof cmd === 'string') return ['/bin/sh', '-c', cmd];
@@ -108,6 +121,7 @@ export class Sandbox implements AsyncDisposable {
   readonly privateDir: string;
   readonly hostname: string;
   readonly limits: LimitReport;
+  readonly isolation: IsolationReport;
   readonly #init: SandboxProcess;
   readonly #part: SandboxPart;
   readonly #limits: SandboxLimits;
@@ -127,6 +141,7 @@ export class Sandbox implements AsyncDisposable {
     env: Record<string, string>;
     cwd: string;
     capabilities?: string[];
+    isolation: IsolationReport;
   }) {
     this.id = args.id;
     this.privateDir = args.privateDir;
@@ -138,6 +153,7 @@ export class Sandbox implements AsyncDisposable {
     this.#env = args.env;
     this.#cwd = args.cwd;
     this.#capabilities = args.capabilities;
+    this.isolation = args.isolation;
   }
 
   /** Starts a sandbox; resolves once its namespaces and root are ready. */
@@ -155,16 +171,21 @@ export class Sandbox implements AsyncDisposable {
     }
     const id = newSandboxId();
     const privateDir = createPrivateDir(stateDir, id);
+    // A root caller's sandbox runs as an unprivileged host range: what it
+    // writes into its own directories belongs to that range, not to root.
+    const range = remappedRange(sandboxOpts);
+    const ownDir = (dir: string) => {
+      mkdirSync(dir, { recursive: true });
+      if (range) chownSync(dir, range.uid, range.gid);
+      return dir;
+    };
     let limits: SandboxLimits | undefined;
     try {
-      const work = join(privateDir, 'work');
-      mkdirSync(work);
+      const work = ownDir(join(privateDir, 'work'));
       if (!Array.isArray(overlays)) throw new ConfigError('overlays: must be an array of { target, lower }', 'overlays');
       const layered = overlays.map((o, i): NamedMount => {
-        const dir = join(privateDir, 'layers', String(i));
-        mkdirSync(join(dir, 'upper'), { recursive: true });
-        mkdirSync(join(dir, 'work'));
-        return { option: `overlays[${i}]`, mount: { type: 'overlay', target: o?.target, lower: o?.lower, upper: join(dir, 'upper'), work: join(dir, 'work') } };
+        const dir = ownDir(join(privateDir, 'layers', String(i)));
+        return { option: `overlays[${i}]`, mount: { type: 'overlay', target: o?.target, lower: o?.lower, upper: ownDir(join(dir, 'upper')), work: ownDir(join(dir, 'work')) } };
       });
       const part = buildSandboxPart(
         { ...sandboxOpts, workDir: sandboxOpts.workDir ?? work, hostname: sandboxOpts.hostname ?? id },
@@ -175,10 +196,17 @@ export class Sandbox implements AsyncDisposable {
       if (!part.namespaces.includes('pid')) throw new ConfigError('namespaces.pid: a persistent sandbox needs its PID namespace', 'namespaces.pid');
       const startCwd = checkSandboxPath('cwd', cwd ?? (part.root === 'host' ? WORK_DIR : '/'));
       limits = new SandboxLimits(id, limitOpts);
+      if (part.root === 'host') {
+        const tmp = sandboxOpts.tmp ?? true;
+        limits.report.tmpfs = {
+          '/': TMPFS_SIZES.root,
+          ...(tmp ? { '/tmp': String(typeof tmp === 'object' ? tmp.size : TMPFS_SIZES.tmp) } : {}),
+          ...((sandboxOpts.dev ?? true) ? { '/dev/shm': TMPFS_SIZES.shm } : {}),
+        };
+      }
       const plan: NativePlan = {
         ...sandboxPlanFields(part),
         hold: true,
-        cgroupProcs: limits.procsFiles,
         argv: [],
         env: [],
         execCandidates: [],
@@ -191,12 +219,30 @@ export class Sandbox implements AsyncDisposable {
       // The sandbox must not keep Node alive by itself: it dies with Node.
       init.unref();
       await init.ready;
-      return new Sandbox({ id, privateDir, init, part, limits, env, cwd: startCwd, capabilities });
+      const isolation: IsolationReport = {
+        uidMap: part.identity.uidMap?.trim() ?? null,
+        gidMap: part.identity.gidMap?.trim() ?? null,
+        hostRootInside: process.getuid?.() === 0 && !part.identity.range,
+        seccomp: part.seccomp === undefined ? 'none' : (sandboxOpts.seccomp ?? 'default') === 'default' ? 'default' : 'custom',
+        nesting: !!sandboxOpts.nesting,
+        notIdmapped: res.idmapFallbacks.map((f) => `${describeNativeOp(ops[f.op]!)}: ${describeErrno(f.errno)}`),
+      };
+      return new Sandbox({ id, privateDir, init, part, limits, env, cwd: startCwd, capabilities, isolation });
     } catch (e) {
       await limits?.remove().catch(() => {});
       await removeTree(privateDir);
       throw e;
     }
+  }
+
+  /** Why the sandbox is gone while nobody closed it: its PID 1 was killed. */
+  #deathMessage(): string {
+    const info = this.#init.exitInfo;
+    const how = info?.signal ? `PID 1 got ${info.signal}` : `PID 1 exited with ${info?.exitCode}`;
+    if (this.#limits.oomKills() > 0) {
+      return `sandbox ${this.id} was killed: out of memory (memory limit ${this.limits.memory.limit} bytes; ${how})`;
+    }
+    return `sandbox ${this.id} was killed: ${how}; every process in it is gone`;
   }
 
   /** Where commands start unless told otherwise. */
@@ -215,7 +261,8 @@ export class Sandbox implements AsyncDisposable {
 
   /** Starts a command in the sandbox (a string runs with /bin/sh -c). */
   spawn(cmd: Command, opts: Omit<ProcessOptions, 'argv'> = {}): SandboxProcess {
-    if (this.closed) throw new SandboxError(`sandbox ${this.id} is closed`);
+    if (this.#closing) throw new SandboxError(`sandbox ${this.id} is closed`);
+    if (this.#init.exitInfo) throw new SandboxError(this.#deathMessage());
     checkProcessKeys(opts);
     const proc = this.#spawnProcess({ ...opts, argv: argvOf(cmd) });
     this.#running.add(proc);
@@ -231,7 +278,7 @@ export class Sandbox implements AsyncDisposable {
     });
     const plan: NativePlan = { namespaces: this.#part.namespaces, ops: [], cgroupProcs: this.#limits.procsFiles, ...processPart };
     const pidfd = this.#init.pidfd;
-    if (pidfd === null) throw new SandboxError(`sandbox ${this.id} has exited`);
+    if (pidfd === null) throw new SandboxError(this.#deathMessage());
     const res = callNative(() => native.enter(pidfd, plan));
     return new SandboxProcess(res, { describeOp: describer([]), ops: [], argv0: plan.argv[0]!, cwd: plan.cwd, timeout: opts.timeout, signal: opts.signal });
   }
@@ -374,7 +421,7 @@ export class Sandbox implements AsyncDisposable {
   async killAll(): Promise<void> {
     const sessions = [...this.#sessions.values()];
     this.#sessions.clear();
-    this.#init.kill(KILL_ALL_SIGNAL);
+    this.#init.kill(native.killAllSignal);
     await Promise.all([...this.#running].map((p) => p.exited.catch(() => {})));
     await Promise.all(sessions.map((s) => s.close().catch(() => {})));
   }

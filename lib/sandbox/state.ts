@@ -8,10 +8,11 @@
  */
 import { randomBytes } from 'node:crypto';
 import { chmodSync, lstatSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { removeTree } from '../layers/fsTree.js';
 import { ConfigError } from './errors.js';
+import { removeSandboxCgroups } from './limits.js';
 
 const OWNER_FILE = 'owner.json';
 
@@ -23,11 +24,31 @@ export interface OwnerRecord {
   created: string;
 }
 
-/** Where private directories live: $XDG_RUNTIME_DIR/minisandbox, else a per-user dir in tmpdir. */
+/** A path we may use as our own directory: missing, or a directory of ours. */
+function ours(path: string): boolean {
+  try {
+    const st = lstatSync(path);
+    return st.isDirectory() && st.uid === (process.getuid?.() ?? 0);
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'ENOENT';
+  }
+}
+
+/**
+ * Where private directories live: $MINISANDBOX_STATE_DIR; else the user's
+ * runtime directory ($XDG_RUNTIME_DIR/minisandbox); else a per-user
+ * directory in tmpdir(). A shared TMPDIR lets anyone take that name first
+ * (a file, a link, their own directory): then a directory under the home,
+ * which nobody else can create, is used instead.
+ */
 export function defaultStateDir(): string {
+  const explicit = process.env.MINISANDBOX_STATE_DIR;
+  if (explicit) return explicit;
   const runtime = process.env.XDG_RUNTIME_DIR;
-  if (runtime) return join(runtime, 'minisandbox');
-  return join(tmpdir(), `minisandbox-${process.getuid?.() ?? 0}`);
+  if (runtime && ours(runtime)) return join(runtime, 'minisandbox');
+  const shared = join(tmpdir(), `minisandbox-${process.getuid?.() ?? 0}`);
+  if (ours(shared)) return shared;
+  return join(homedir(), '.cache', 'minisandbox', 'state');
 }
 
 /**
@@ -89,11 +110,13 @@ export interface GcResult {
 }
 
 /**
- * Removes the private directories whose owner is gone. Directories without
- * a readable record are left alone unless they are older than a minute
- * (a sandbox being created writes its record right after mkdir).
+ * Removes the private directories whose owner is gone, with the cgroups of
+ * their sandboxes. Directories without a readable record are left alone
+ * unless they are older than `minAgeMs` (a minute by default: a sandbox
+ * being created writes its record right after mkdir).
  */
-export async function collectGarbage(stateDir: string): Promise<GcResult> {
+export async function collectGarbage(stateDir: string, opts: { minAgeMs?: number } = {}): Promise<GcResult> {
+  const minAgeMs = opts.minAgeMs ?? 60_000;
   const result: GcResult = { removed: [], kept: [], failed: [] };
   let entries: string[];
   try {
@@ -106,12 +129,14 @@ export async function collectGarbage(stateDir: string): Promise<GcResult> {
     const dir = join(stateDir, name);
     try {
       const rec = readOwner(dir);
-      if (rec ? isOwnerAlive(rec) : Date.now() - lstatSync(dir).mtimeMs < 60_000) {
+      if (rec ? isOwnerAlive(rec) : Date.now() - lstatSync(dir).mtimeMs < minAgeMs) {
         result.kept.push(dir);
         continue;
       }
       await removeTree(dir);
       result.removed.push(dir);
+      // Its processes died with their owner: its cgroups are empty.
+      for (const failure of removeSandboxCgroups(name)) result.failed.push(failure);
     } catch (e) {
       // Gone meanwhile (its owner closed it, or another gc got there first).
       if ((e as NodeJS.ErrnoException).code === 'ENOENT') continue;

@@ -30,7 +30,8 @@ describe('options are validated before anything starts', () => {
     ['bad tmpfs size', { mounts: [{ type: 'tmpfs', target: '/x', size: 'huge' }] }, /size 'huge' must be bytes/],
     ['overlay without lower', { mounts: [{ type: 'overlay', target: '/x', lower: [] }] }, /needs at least one lower directory/],
     ['overlay upper without work', { mounts: [{ type: 'overlay', target: '/x', lower: ['/usr'], upper: '/tmp' }] }, /upper and work must be given together/],
-    ['unmapped user', { user: { uid: 4242, gid: 4242 } }, /uid 4242\/gid 4242 is not mapped/],
+    // Unmapped both for a user (only itself is mapped) and for root (ids 0-65535).
+    ['unmapped user', { user: { uid: 424242, gid: 424242 } }, /uid 424242\/gid 424242 is not mapped/],
     ['unknown capability', { capabilities: ['CAP_FLY'] }, /unknown capability 'CAP_FLY'/],
     ['unknown rlimit', { rlimits: { bogus: 1 } as never }, /^rlimits\.bogus: unknown resource/],
     ['bad env name', { env: { 'A=B': 'x' } }, /^env\.A=B: is not a valid variable name$/],
@@ -91,13 +92,13 @@ describe('setup failures name the step, the path and errno', () => {
       mounts: [{ type: 'overlay', target: '/o', lower: [join(dir.path, 'lower')], upper: join(dir.path, 'upper'), work: join(dir.path, 'work') }],
     });
     expect(ok.exitCode).toBe(0);
-    // upper inside work: the kernel refuses, and says why.
+    // The upper layer also a lower one: the kernel refuses, and says why.
     const bad = await run({
       argv: ['true'],
-      mounts: [{ type: 'overlay', target: '/o', lower: [join(dir.path, 'lower')], upper: join(dir.path, 'upper'), work: dir.path }],
+      mounts: [{ type: 'overlay', target: '/o', lower: [join(dir.path, 'upper')], upper: join(dir.path, 'upper'), work: join(dir.path, 'work') }],
     }).catch((e) => e);
     expect(bad).toBeInstanceOf(MountError);
-    expect(bad.message).toMatch(/^overlay \/o \(lower .*\): EINVAL .*kernel log/);
+    expect(bad.message).toMatch(/^overlay \/o \(lower .*, upper .*\/upper, work .*\/work\): ELOOP .*kernel log/);
   });
 
   it('writing a file into a read-only bind', async () => {

@@ -115,7 +115,7 @@ describe('creation options', () => {
       [{ overlays: [{ target: '/env', lower: ['/no/such/layer'] }] }, /^overlays\[0\]\.lower\[0\]: overlay lower dir \/no\/such\/layer does not exist$/],
       [{ overlays: [{ target: '/env', lower: ['/usr'] }], mounts: [{ type: 'tmpfs', target: '/env' }] }, /^mounts\[0\]: conflicts with overlays\[0\]: both mount on \/env$/],
       [{ capabilities: ['CAP_TELEPORT'] }, /^capabilities: unknown capability 'CAP_TELEPORT'$/],
-      [{ limits: { pids: 0 } }, /^limits\.pids: must be a positive integer$/],
+      [{ limits: { pids: 0 } }, /^limits\.pids: must be a positive integer, or null for no limit$/],
     ];
     for (const [opts, message] of cases) {
       const err = await create(opts).catch((e) => e);
