@@ -16,9 +16,19 @@ import { LayerError } from './errors.js';
  *  - no absolute names, no `..` component (names and hard link targets);
  *  - no member whose parent path is an earlier symlink member. This blocks the
  *    trick of a symlink `a -> /etc` followed by a file `a/passwd`;
- *  - no non-symlink member replacing an earlier symlink member;
- *  - a hard link must point at an earlier regular file or symlink member of the
- *    same archive, so it can never reach a file outside the tree;
+ *  - no non-symlink member replacing an earlier symlink member, and no symlink
+ *    replacing a directory (one named by a member or implied by a member's path);
+ *  - no member whose parent path is an earlier file member (tar would fail with
+ *    ENOTDIR half-way; refusing says why);
+ *  - a hard link must point at an earlier *regular file* member of the same
+ *    archive, so it can never reach a file outside the tree. Not at a symlink:
+ *    link(2) would make a second name for the symlink, which this checker
+ *    would then count as a file, and a later `h/x` would be written through
+ *    it (GNU tar follows an in-tree one; only its placeholder trick stops an
+ *    absolute one). Not at itself;
+ *  - no member replacing a hard link or the target of one: the shared inode
+ *    would be written through unless tar unlinks first (GNU tar's default
+ *    does, `--overwrite` does not), and we do not depend on tar's options;
  *  - only regular files, hard links, symlinks and directories. No devices,
  *    FIFOs or sparse/multivolume members;
  *  - header checksums must be valid. On a bad checksum GNU tar would scan ahead
@@ -46,6 +56,8 @@ export class TarChecker extends Transform {
   private readonly symlinks = new Set<string>();
   private readonly files = new Set<string>();
   private readonly dirs = new Set<string>();
+  /** Hard link members and their targets: names that share an inode. */
+  private readonly linked = new Set<string>();
   /** Members checked so far (for the caller's statistics). */
   members = 0;
 
@@ -164,35 +176,43 @@ export class TarChecker extends Transform {
     this.members++;
     const name = this.checkPath(rawName, rawName, 'name');
 
+    // Every type below is checked the same way for where it lands: not
+    // through a symlink or a file, not over a hard-linked name.
+    this.notThroughSymlink(rawName, name);
+    if (name !== '' && this.linked.has(name))
+      this.fail(rawName, 'replaces a hard link or the target of one (it would be written through the shared inode)');
     switch (type) {
       case '0':
       case '\0':
       case '7':
-        this.notThroughSymlink(rawName, name);
         this.notReplacingSymlink(rawName, name);
+        if (this.dirs.has(name)) this.fail(rawName, 'replaces a directory with a file');
         this.files.add(name);
         break;
       case '5':
-        this.notThroughSymlink(rawName, name);
         this.notReplacingSymlink(rawName, name);
+        if (this.files.has(name)) this.fail(rawName, 'replaces a file with a directory');
         this.dirs.add(name);
         break;
       case '2':
         if (name === '') this.fail(rawName, 'is a symlink in place of the layer root');
         if (rawLink === '') this.fail(rawName, 'is a symlink with an empty target');
-        this.notThroughSymlink(rawName, name);
         if (this.dirs.has(name)) this.fail(rawName, 'replaces a directory with a symlink');
         this.files.delete(name);
         this.symlinks.add(name);
         break;
       case '1': {
-        this.notThroughSymlink(rawName, name);
         this.notReplacingSymlink(rawName, name);
+        if (this.dirs.has(name)) this.fail(rawName, 'replaces a directory with a hard link');
         const target = this.checkPath(rawName, rawLink, 'hard link target');
         this.notThroughSymlink(rawName, target, 'hard link target');
-        if (!this.files.has(target) && !this.symlinks.has(target))
-          this.fail(rawName, `hard link target ${displayName(rawLink)} is not an earlier file of the archive`);
+        if (target === name) this.fail(rawName, 'is a hard link to itself');
+        if (this.symlinks.has(target))
+          this.fail(rawName, `hard link target ${displayName(rawLink)} is a symlink member (a second name for a symlink could be written through)`);
+        if (!this.files.has(target)) this.fail(rawName, `hard link target ${displayName(rawLink)} is not an earlier file of the archive`);
         this.files.add(name);
+        this.linked.add(name);
+        this.linked.add(target);
         break;
       }
       case 'S':
@@ -201,6 +221,7 @@ export class TarChecker extends Transform {
       default:
         this.fail(rawName, `has unsupported type '${printable(type)}' (devices, FIFOs and volume headers are refused)`);
     }
+    this.addParents(name);
     this.push(block);
     this.offset += 512;
     this.skip = size + padOf(size);
@@ -252,12 +273,22 @@ export class TarChecker extends Transform {
       const parent = p.slice(0, i);
       if (this.symlinks.has(parent))
         this.fail(member, `${what} goes through the symlink member ${displayName(parent)} and could write outside the layer`);
+      if (this.files.has(parent)) this.fail(member, `${what} goes through the file member ${displayName(parent)}`);
       i = p.indexOf('/', i + 1);
     }
   }
 
   private notReplacingSymlink(member: string, p: string): void {
     if (this.symlinks.has(p)) this.fail(member, 'replaces an earlier symlink member (would be written through it)');
+  }
+
+  /** A member's parents exist as directories from now on, even without members of their own. */
+  private addParents(p: string): void {
+    for (let i = p.lastIndexOf('/'); i > 0; i = p.lastIndexOf('/', i - 1)) {
+      const parent = p.slice(0, i);
+      if (this.dirs.has(parent)) break;
+      this.dirs.add(parent);
+    }
   }
 }
 

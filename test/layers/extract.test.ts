@@ -20,7 +20,7 @@ with tarfile.open(out, 'w', format=format) as tf:
         kind = s['type']
         if kind == 'file':
             data = s.get('data', 'x').encode()
-            t.size = len(data); t.mode = 0o644
+            t.size = len(data); t.mode = s.get('mode', 0o644)
             tf.addfile(t, io.BytesIO(data)); continue
         if kind == 'dir': t.type = tarfile.DIRTYPE; t.mode = 0o755
         elif kind == 'symlink': t.type = tarfile.SYMTYPE; t.linkname = s['link']
@@ -30,7 +30,7 @@ with tarfile.open(out, 'w', format=format) as tf:
         tf.addfile(t)
 `;
 
-type Spec = { type: 'file' | 'dir' | 'symlink' | 'hardlink' | 'chr' | 'fifo'; name: string; link?: string; data?: string };
+type Spec = { type: 'file' | 'dir' | 'symlink' | 'hardlink' | 'chr' | 'fifo'; name: string; link?: string; data?: string; mode?: number };
 
 function makeTar(out: string, specs: Spec[], fmt: 'gnu' | 'pax' | 'ustar' = 'gnu'): string {
   py(MAKE_TAR, [out, fmt, JSON.stringify(specs)]);
@@ -129,6 +129,47 @@ describe('extractArchive: hostile archives', () => {
       member: 'h',
       reason: /not an earlier file of the archive/,
     },
+    // A hard link to a symlink is a second name for the symlink that the
+    // checker used to count as a file: `h/x` went through it (GNU tar writes
+    // through an in-tree one; only its placeholders stop an absolute one).
+    {
+      title: 'hard link to an in-tree symlink, then a file through it',
+      specs: [{ type: 'dir', name: 'sub' }, { type: 'symlink', name: 's', link: 'sub' }, { type: 'hardlink', name: 'h', link: 's' }, { type: 'file', name: 'h/x' }],
+      member: 'h',
+      reason: /hard link target s is a symlink member/,
+    },
+    {
+      title: 'hard link to a symlink to outside, then a file through it',
+      specs: [{ type: 'symlink', name: 's', link: '@OUT@' }, { type: 'hardlink', name: 'h', link: 's' }, { type: 'file', name: 'h/victim', data: 'PWNED' }],
+      member: 'h',
+      reason: /hard link target s is a symlink member/,
+    },
+    {
+      title: 'hard link to a member that only comes later',
+      specs: [{ type: 'hardlink', name: 'h', link: 'later' }, { type: 'file', name: 'later' }],
+      member: 'h',
+      reason: /hard link target later is not an earlier file of the archive/,
+    },
+    { title: 'hard link to itself', specs: [{ type: 'file', name: 'h' }, { type: 'hardlink', name: 'h', link: 'h' }], member: 'h', reason: /is a hard link to itself/ },
+    {
+      title: 'hard link, then a file written through it',
+      specs: [{ type: 'file', name: 'f', data: 'mine' }, { type: 'hardlink', name: 'h', link: 'f' }, { type: 'file', name: 'h', data: 'PWNED' }],
+      member: 'h',
+      reason: /replaces a hard link or the target of one/,
+    },
+    {
+      title: 'hard link, then its target rewritten',
+      specs: [{ type: 'file', name: 'f', data: 'mine' }, { type: 'hardlink', name: 'h', link: 'f' }, { type: 'file', name: 'f', data: 'PWNED' }],
+      member: 'f',
+      reason: /replaces a hard link or the target of one/,
+    },
+    { title: 'a member under a file', specs: [{ type: 'file', name: 'f' }, { type: 'file', name: 'f/x' }], member: 'f/x', reason: /goes through the file member f/ },
+    {
+      title: 'symlink replacing a directory only implied by an earlier path',
+      specs: [{ type: 'file', name: 'd/x' }, { type: 'symlink', name: 'd', link: '@OUT@' }],
+      member: 'd',
+      reason: /replaces a directory with a symlink/,
+    },
     { title: 'character device', specs: [{ type: 'chr', name: 'null' }], member: 'null', reason: /unsupported type '3'/ },
     { title: 'fifo', specs: [{ type: 'fifo', name: 'p' }], member: 'p', reason: /unsupported type '6'/ },
   ];
@@ -161,7 +202,11 @@ describe('extractArchive: hostile archives', () => {
         expect(readFileSync(path.join(outside, 'victim'), 'utf8')).toBe('original');
         // Only members before the refused one can exist (the store then deletes
         // the whole staging dir); the refused member itself was never written.
-        const allowed = specs.slice(0, -1).map((s) => s.name.split('/').filter((c) => c && c !== '.').join('/'));
+        // (Their parent directories too: tar makes them for a member without its own.)
+        const allowed = specs.slice(0, -1).flatMap((s) => {
+          const parts = s.name.split('/').filter((c) => c && c !== '.');
+          return parts.map((_, i) => parts.slice(0, i + 1).join('/'));
+        });
         for (const p of listAll(dest)) expect(allowed).toContain(path.relative(dest, p));
       }
     });
