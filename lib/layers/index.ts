@@ -17,7 +17,17 @@ export {
   type GcOptions,
   type GcResult,
 } from './store.js';
-export { extractArchive, packDirectory, compressionOf, type Compression, type ExtractOptions, type ExtractResult, type PackOptions } from './extract.js';
+export {
+  extractArchive,
+  extractUntrusted,
+  packDirectory,
+  compressionOf,
+  type Compression,
+  type ExtractOptions,
+  type ExtractResult,
+  type UntrustedExtractOptions,
+  type PackOptions,
+} from './extract.js';
 export { acquireLock, withLock, type FileLock, type LockOptions } from './lock.js';
 export { IoBudget, type BudgetOptions, type BudgetTicket, type BudgetProgress, type BudgetUsage } from './budget.js';
 export { dedupTree, gcObjects, type DedupOptions, type DedupResult } from './dedup.js';
