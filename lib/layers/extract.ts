@@ -1,4 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { Transform, type Readable, type TransformCallback } from 'node:stream';
@@ -33,6 +34,14 @@ export interface ExtractOptions {
   /** Called with archive bytes read so far and the archive size. */
   onProgress?: (done: number, total: number) => void;
   signal?: AbortSignal;
+  /**
+   * sha256 the archive must have (hex, or "sha256:<hex>"). It is computed on
+   * the same open file that is then unpacked, before anything is unpacked: a
+   * mismatch unpacks nothing. (A file swapped by rename after the check is
+   * not read; one rewritten in place by someone who may write the store is
+   * not defended against: they could rewrite the layers too.)
+   */
+  expectDigest?: string;
 }
 
 export interface ExtractResult {
@@ -68,6 +77,9 @@ export interface ExtractResult {
  */
 export async function extractArchive(archive: string, dest: string, opts: ExtractOptions = {}): Promise<ExtractResult> {
   const label = `layer archive ${archive}`;
+  const want = opts.expectDigest === undefined ? undefined : opts.expectDigest.replace(/^sha256:/, '');
+  if (want !== undefined && !/^[0-9a-f]{64}$/.test(want))
+    throw new LayerError(`${label}: expected digest ${JSON.stringify(opts.expectDigest)} is not a sha256 hex digest`);
   const fh = await fsp.open(archive, 'r').catch((err: unknown) => {
     throw new LayerError(`${label}: cannot read: ${(err as Error).message}`, { cause: err });
   });
@@ -75,6 +87,13 @@ export async function extractArchive(archive: string, dest: string, opts: Extrac
     const st = await fh.stat();
     if (!st.isFile()) throw new LayerError(`${label}: not a regular file`);
     const compression = opts.compression ?? (await compressionOf(archive));
+    if (want !== undefined) {
+      const h = createHash('sha256');
+      for await (const chunk of fh.createReadStream({ start: 0, highWaterMark: 1 << 20, autoClose: false })) h.update(chunk as Buffer);
+      const got = h.digest('hex');
+      if (got !== want)
+        throw new LayerError(`${label}: sha256 is ${got}, not the expected ${want}: the archive changed after it was stored; nothing was unpacked`);
+    }
     const total = st.size;
     let progressed = 0;
     let lastReport = 0;

@@ -16,7 +16,9 @@ export {
   type DiskUsage,
   type GcOptions,
   type GcResult,
+  type LayerCheck,
 } from './store.js';
+export { describeProblem, type LayerProblem } from './verify.js';
 export {
   extractArchive,
   extractUntrusted,
