@@ -20,7 +20,7 @@ Commands:
   eval     Evaluate patches (predictions) on a task set, one sandbox each
   serve    Serve sandboxes over SWE-ReX's HTTP protocol
   env      Build Python environments as shared layers (env build, env ls)
-  store    The layer store: ls, du, gc
+  store    The layer store: ls, du, gc, verify
   run      Run a command in a new sandbox (bubblewrap-like options)
   doctor   Check which kernel features work on this machine, and why not
   gc       Remove what sandboxes of dead processes left behind

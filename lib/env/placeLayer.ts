@@ -8,9 +8,9 @@
  *   path (from the manifest) are copied into a pre-made upper and rewritten
  *   there, so the merged view works at the new path while the store stays
  *   untouched;
- * - extract: the layer's archive unpacked into a private tree (under the
- *   store's I/O budget), rewritten in place if relocated, and bound
- *   read-write: the per-instance extraction baseline.
+ * - extract: the layer's archive, checked against the layer's digest, unpacked
+ *   into a private tree (under the store's I/O budget), rewritten in place if
+ *   relocated, and bound read-write: the per-instance extraction baseline.
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
@@ -89,7 +89,10 @@ export async function placeExtracted(
   const bytes = archive ? (await fsp.stat(archive)).size : layer.manifest.size;
   const ticket = await budget?.acquire(bytes, { label: `extract ${layer.digest.slice(0, 12)}` });
   try {
-    if (archive) await extractArchive(archive, dest, { onProgress: (done) => ticket?.progress(done) });
+    // The layer's digest is its archive's sha256: an archive changed on disk
+    // since (corrupted, or swapped for other content) is refused before
+    // anything of it is unpacked.
+    if (archive) await extractArchive(archive, dest, { expectDigest: layer.digest, onProgress: (done) => ticket?.progress(done) });
     else {
       // No archive kept: copy the tree, giving back the write bits the store removed.
       await run('cp', ['-a', '--no-preserve=ownership', `${layer.path}/.`, dest], { what: `extract layer ${layer.digest}` });

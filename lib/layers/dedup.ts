@@ -59,7 +59,8 @@ export async function hashFile(file: string, knownSize?: number): Promise<string
   return h.digest('hex');
 }
 
-export async function dedupTree(tree: string, objectsDir: string, opts: DedupOptions = {}): Promise<DedupResult> {
+/** `hashes`, if given, receives each hashed file's content sha256 by relative path (the store's listing reuses them). */
+export async function dedupTree(tree: string, objectsDir: string, opts: DedupOptions = {}, hashes?: Map<string, string>): Promise<DedupResult> {
   const minSize = BigInt(opts.minSize ?? 1);
   const maxLinks = BigInt(opts.maxLinks ?? 60000);
   const result: DedupResult = { files: 0, linked: 0, savedBytes: 0 };
@@ -71,7 +72,9 @@ export async function dedupTree(tree: string, objectsDir: string, opts: DedupOpt
   // order afterwards so results do not depend on timing.
   const keys = await mapLimit(files, 16, async (e) => {
     const mode = Number(e.st.mode) & 0o7777;
-    return `${await hashFile(e.abs, Number(e.st.size))}-m${mode.toString(8)}-u${e.st.uid}-g${e.st.gid}-t${e.st.mtimeNs}`;
+    const sha = await hashFile(e.abs, Number(e.st.size));
+    hashes?.set(e.rel, sha);
+    return `${sha}-m${mode.toString(8)}-u${e.st.uid}-g${e.st.gid}-t${e.st.mtimeNs}`;
   });
   for (const [i, e] of files.entries()) {
     result.files++;

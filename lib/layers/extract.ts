@@ -1,9 +1,11 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createReadStream, promises as fsp } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { Transform, type TransformCallback } from 'node:stream';
+import { Transform, type Readable, type TransformCallback } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { LayerError } from './errors.js';
+import { LayerError, errnoCode } from './errors.js';
+import { removeTree } from './fsTree.js';
 import { TarChecker } from './tarCheck.js';
 
 export type Compression = 'zstd' | 'gzip' | 'none';
@@ -32,6 +34,14 @@ export interface ExtractOptions {
   /** Called with archive bytes read so far and the archive size. */
   onProgress?: (done: number, total: number) => void;
   signal?: AbortSignal;
+  /**
+   * sha256 the archive must have (hex, or "sha256:<hex>"). It is computed on
+   * the same open file that is then unpacked, before anything is unpacked: a
+   * mismatch unpacks nothing. (A file swapped by rename after the check is
+   * not read; one rewritten in place by someone who may write the store is
+   * not defended against: they could rewrite the layers too.)
+   */
+  expectDigest?: string;
 }
 
 export interface ExtractResult {
@@ -56,18 +66,215 @@ export interface ExtractResult {
  * replaces a symlink with a real directory when a directory member of the same
  * name follows. `--no-same-owner` keeps root from chowning files to archive
  * uids, which would be unmapped (uid 65534) inside a user-namespace sandbox.
+ * The checker clears setuid/setgid bits.
+ *
+ * This is the layer extractor: symlink targets may point anywhere, because
+ * they are only ever resolved inside a sandbox's mount namespace. A tree for
+ * the host goes through extractUntrusted instead.
  *
  * On error `dest` may hold a partial tree; the caller unpacks into a staging
  * directory and deletes it.
  */
 export async function extractArchive(archive: string, dest: string, opts: ExtractOptions = {}): Promise<ExtractResult> {
-  const st = await fsp.stat(archive).catch((err: unknown) => {
-    throw new LayerError(`layer archive ${archive}: cannot read: ${(err as Error).message}`, { cause: err });
+  const label = `layer archive ${archive}`;
+  const want = opts.expectDigest === undefined ? undefined : opts.expectDigest.replace(/^sha256:/, '');
+  if (want !== undefined && !/^[0-9a-f]{64}$/.test(want))
+    throw new LayerError(`${label}: expected digest ${JSON.stringify(opts.expectDigest)} is not a sha256 hex digest`);
+  const fh = await fsp.open(archive, 'r').catch((err: unknown) => {
+    throw new LayerError(`${label}: cannot read: ${(err as Error).message}`, { cause: err });
   });
-  if (!st.isFile()) throw new LayerError(`layer archive ${archive}: not a regular file`);
-  const compression = opts.compression ?? (await compressionOf(archive));
-  const total = st.size;
-  const checker = new TarChecker(archive);
+  try {
+    const st = await fh.stat();
+    if (!st.isFile()) throw new LayerError(`${label}: not a regular file`);
+    const compression = opts.compression ?? (await compressionOf(archive));
+    if (want !== undefined) {
+      const h = createHash('sha256');
+      for await (const chunk of fh.createReadStream({ start: 0, highWaterMark: 1 << 20, autoClose: false })) h.update(chunk as Buffer);
+      const got = h.digest('hex');
+      if (got !== want)
+        throw new LayerError(`${label}: sha256 is ${got}, not the expected ${want}: the archive changed after it was stored; nothing was unpacked`);
+    }
+    const total = st.size;
+    let progressed = 0;
+    let lastReport = 0;
+    const counter = new Transform({
+      transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback) {
+        progressed += chunk.length;
+        if (opts.onProgress && (progressed - lastReport >= 1 << 20 || progressed === total)) {
+          lastReport = progressed;
+          opts.onProgress(progressed, total);
+        }
+        cb(null, chunk);
+      },
+    });
+    const checker = new TarChecker(archive);
+    await unpack({
+      input: fh.createReadStream({ start: 0, highWaterMark: 1 << 20, autoClose: false }),
+      counter,
+      compression,
+      checker,
+      tarArgs: ['-C', dest, '--no-same-owner'],
+      label,
+      ...(opts.signal ? { signal: opts.signal } : {}),
+    });
+    if (opts.onProgress && lastReport !== total) opts.onProgress(total, total);
+    return { members: checker.members, archiveBytes: total };
+  } finally {
+    await fh.close();
+  }
+}
+
+export interface UntrustedExtractOptions {
+  /** Start of every message, naming the operation (e.g. `download /work`). */
+  label: string;
+  /**
+   * 'tree' (default): the archive is a directory tree (members `./…`) that
+   * becomes `dest`. 'file': it holds exactly one regular file, which becomes
+   * `dest`.
+   */
+  kind?: 'tree' | 'file';
+  /**
+   * The writer of `input` (e.g. tar in a sandbox): awaited after the stream
+   * is unpacked and before anything is published; if it rejects, nothing is.
+   */
+  producer?: Promise<unknown>;
+  signal?: AbortSignal;
+}
+
+/**
+ * Unpack an untrusted, uncompressed tar stream (what code in a sandbox
+ * wrote) to a new path `dest` on the host, all or nothing.
+ *
+ * A separate entry point rather than options of extractArchive, because the
+ * two differ in what a safe result is, not in details: a layer's symlinks may
+ * point anywhere (they are resolved only inside a sandbox) and the store owns
+ * its staging and publishing, whereas a tree handed to a caller on the host
+ * must be safe to use there as it is. Here the safe behaviour is the only
+ * one, so no caller gets half of it by forgetting an option:
+ *
+ *  - every symlink must resolve inside `dest` (TarChecker `symlinks:
+ *    'inside'`): an absolute target, or a relative one that climbs out
+ *    (through other symlinks too), refuses the whole archive, naming the
+ *    member. Refused rather than rewritten or dropped, because a silently
+ *    changed tree is worse than a clear error;
+ *  - hard links only to earlier regular files of the archive; no devices,
+ *    FIFOs, `..` or absolute names (the layer checker's rules);
+ *  - setuid/setgid bits are cleared and ownership is never restored, so root
+ *    never leaves a setuid-root binary behind; other permission bits are
+ *    kept exactly (`--same-permissions`, whatever the umask);
+ *  - it is unpacked into a staging directory made next to `dest` (same
+ *    filesystem, mode 0700 while it fills) and renamed into place only once
+ *    everything, the producer included, has succeeded. On any failure the
+ *    staging directory is removed and `dest` is untouched.
+ *
+ * An existing `dest` is never merged into: a tree replaces only an empty
+ * directory (rename's own rule); a file replaces a file or a symlink (the
+ * link itself, not its target), as cp would, but never a directory. Anything
+ * else is an error before anything is unpacked, and checked again by the
+ * final rename. Missing parents of `dest` are created.
+ */
+export async function extractUntrusted(input: Readable, dest: string, opts: UntrustedExtractOptions): Promise<ExtractResult> {
+  const { label } = opts;
+  const kind = opts.kind ?? 'tree';
+  // Awaited only after a successful unpack; until then (or if the unpack
+  // fails first) its rejection must not count as unhandled.
+  opts.producer?.catch(() => undefined);
+  const target = path.resolve(dest);
+  const parent = path.dirname(target);
+  let staging: string;
+  try {
+    await fsp.mkdir(parent, { recursive: true });
+    await checkUntrustedDestination(target, kind, label);
+    staging = await fsp.mkdtemp(path.join(parent, `.${path.basename(target).slice(0, 64)}.msbx-unpack-`));
+  } catch (err) {
+    input.destroy();
+    if (err instanceof LayerError) throw err;
+    throw new LayerError(`${label}: cannot prepare ${target}: ${(err as Error).message}`, { cause: err });
+  }
+  try {
+    const checker = new TarChecker(label, { label, destination: 'the destination', symlinks: 'inside' });
+    let bytes = 0;
+    const counter = new Transform({
+      transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback) {
+        bytes += chunk.length;
+        cb(null, chunk);
+      },
+    });
+    await unpack({
+      input,
+      counter,
+      compression: 'none',
+      checker,
+      tarArgs: ['-C', staging, '--no-same-owner', '--same-permissions'],
+      label,
+      ...(opts.signal ? { signal: opts.signal } : {}),
+    });
+    await opts.producer;
+    await publishUntrusted(staging, target, kind, label);
+    return { members: checker.members, archiveBytes: bytes };
+  } catch (err) {
+    await removeTree(staging).catch(() => undefined);
+    throw err;
+  }
+}
+
+function existsAlready(target: string, what: string, label: string): LayerError {
+  return new LayerError(`${label}: ${target} already exists and is ${what}; nothing was written`);
+}
+
+async function checkUntrustedDestination(target: string, kind: 'tree' | 'file', label: string): Promise<void> {
+  const st = await fsp.lstat(target).catch((err: unknown) => {
+    if (errnoCode(err) === 'ENOENT') return undefined;
+    throw err;
+  });
+  if (!st) return;
+  if (kind === 'file') {
+    if (st.isDirectory()) throw existsAlready(target, 'a directory', label);
+    return;
+  }
+  if (!st.isDirectory()) throw existsAlready(target, 'not a directory', label);
+  if ((await fsp.readdir(target)).length > 0) throw existsAlready(target, 'a non-empty directory', label);
+}
+
+async function publishUntrusted(staging: string, target: string, kind: 'tree' | 'file', label: string): Promise<void> {
+  let from = staging;
+  if (kind === 'file') {
+    const names = await fsp.readdir(staging);
+    const only = names.length === 1 ? await fsp.lstat(path.join(staging, names[0]!)) : undefined;
+    if (!only?.isFile()) throw new LayerError(`${label}: expected the archive to hold one regular file, found ${names.length === 1 ? 'something else' : `${names.length} entries`}`);
+    from = path.join(staging, names[0]!);
+  }
+  try {
+    // rename(2) replaces an empty directory, or a file or symlink by a file,
+    // and fails on anything else: the rule above holds even if `target`
+    // changed since it was checked.
+    await fsp.rename(from, target);
+  } catch (err) {
+    const code = errnoCode(err);
+    if (code === 'ENOTEMPTY' || code === 'EEXIST') throw existsAlready(target, 'a non-empty directory', label);
+    if (code === 'ENOTDIR') throw existsAlready(target, 'not a directory', label);
+    if (code === 'EISDIR') throw existsAlready(target, 'a directory', label);
+    throw new LayerError(`${label}: cannot move the unpacked ${kind} into place at ${target}: ${(err as Error).message}`, { cause: err });
+  }
+  if (kind === 'file') await fsp.rmdir(staging);
+}
+
+interface UnpackSpec {
+  /** The archive's bytes, compressed as `compression` says. */
+  input: Readable;
+  /** Passes the (compressed) input through first, e.g. to count progress. */
+  counter?: Transform;
+  compression: Compression;
+  checker: TarChecker;
+  /** Arguments of `tar -x -f -` (where, and how). */
+  tarArgs: string[];
+  label: string;
+  signal?: AbortSignal;
+}
+
+/** input -> [decompressor] -> checker -> tar -x, every process waited for, the first failure explained. */
+async function unpack(spec: UnpackSpec): Promise<void> {
+  const { label, checker } = spec;
   let checkerError: Error | undefined;
   checker.on('error', (e: Error) => (checkerError ??= e));
 
@@ -87,42 +294,24 @@ export async function extractArchive(archive: string, dest: string, opts: Extrac
   };
   const exited = (child: ChildProcess, name: string): Promise<void> =>
     new Promise((resolve, reject) => {
-      child.on('error', (e) => reject(new LayerError(`layer archive ${archive}: cannot run ${name}: ${e.message}`)));
+      child.on('error', (e) => reject(new LayerError(`${label}: cannot run ${name}: ${e.message}`)));
       child.on('close', (code, sig) => {
         if (code === 0) resolve();
-        else
-          reject(
-            new LayerError(
-              `layer archive ${archive}: ${name} failed (${sig ?? `exit ${code}`}): ${(stderrOf.get(child) ?? '').trim()}`,
-            ),
-          );
+        else reject(new LayerError(`${label}: ${name} failed (${sig ?? `exit ${code}`}): ${(stderrOf.get(child) ?? '').trim()}`));
       });
     });
 
-  const tar = start('tar', ['-x', '-f', '-', '-C', dest, '--no-same-owner']);
-  const tarDone = exited(tar, 'tar -x');
-  let progressed = 0;
-  let lastReport = 0;
-  const counter = new Transform({
-    transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback) {
-      progressed += chunk.length;
-      if (opts.onProgress && (progressed - lastReport >= 1 << 20 || progressed === total)) {
-        lastReport = progressed;
-        opts.onProgress(progressed, total);
-      }
-      cb(null, chunk);
-    },
-  });
-  const input = createReadStream(archive, { highWaterMark: 1 << 20 });
-
-  const steps: Promise<unknown>[] = [tarDone];
-  if (compression === 'none') {
-    steps.push(pipeline(input, counter, checker, tar.stdin!, { signal: opts.signal ?? new AbortController().signal }));
+  const tar = start('tar', ['-x', '-f', '-', ...spec.tarArgs]);
+  const steps: Promise<unknown>[] = [exited(tar, 'tar -x')];
+  const sig = spec.signal ?? new AbortController().signal;
+  const head: Array<Readable | Transform> = spec.counter ? [spec.input, spec.counter] : [spec.input];
+  if (spec.compression === 'none') {
+    steps.push(pipeline([...head, checker, tar.stdin!], { signal: sig }));
   } else {
-    const dec = start(compression === 'zstd' ? 'zstd' : 'gzip', ['-dc', '-q']);
-    steps.push(exited(dec, compression === 'zstd' ? 'zstd -dc' : 'gzip -dc'));
-    const sig = opts.signal ?? new AbortController().signal;
-    steps.push(pipeline(input, counter, dec.stdin!, { signal: sig }));
+    const name = spec.compression === 'zstd' ? 'zstd' : 'gzip';
+    const dec = start(name, ['-dc', '-q']);
+    steps.push(exited(dec, `${name} -dc`));
+    steps.push(pipeline([...head, dec.stdin!], { signal: sig }));
     steps.push(pipeline(dec.stdout!, checker, tar.stdin!, { signal: sig }));
   }
 
@@ -132,6 +321,7 @@ export async function extractArchive(archive: string, dest: string, opts: Extrac
       steps.map((p) =>
         p.catch((err: unknown) => {
           for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
+          spec.input.destroy();
           throw err;
         }),
       ),
@@ -142,11 +332,9 @@ export async function extractArchive(archive: string, dest: string, opts: Extrac
     // pipes and killed processes it causes.
     if (checkerError) throw checkerError;
     if (err instanceof LayerError) throw err;
-    if (opts.signal?.aborted) throw new LayerError(`layer archive ${archive}: extraction aborted`, { cause: err });
-    throw new LayerError(`layer archive ${archive}: ${(err as Error).message}`, { cause: err });
+    if (spec.signal?.aborted) throw new LayerError(`${label}: extraction aborted`, { cause: err });
+    throw new LayerError(`${label}: ${(err as Error).message}`, { cause: err });
   }
-  if (opts.onProgress && lastReport !== total) opts.onProgress(total, total);
-  return { members: checker.members, archiveBytes: total };
 }
 
 export interface PackOptions {

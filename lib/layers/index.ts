@@ -16,8 +16,20 @@ export {
   type DiskUsage,
   type GcOptions,
   type GcResult,
+  type LayerCheck,
 } from './store.js';
-export { extractArchive, packDirectory, compressionOf, type Compression, type ExtractOptions, type ExtractResult, type PackOptions } from './extract.js';
+export { describeProblem, type LayerProblem } from './verify.js';
+export {
+  extractArchive,
+  extractUntrusted,
+  packDirectory,
+  compressionOf,
+  type Compression,
+  type ExtractOptions,
+  type ExtractResult,
+  type UntrustedExtractOptions,
+  type PackOptions,
+} from './extract.js';
 export { acquireLock, withLock, type FileLock, type LockOptions } from './lock.js';
 export { IoBudget, type BudgetOptions, type BudgetTicket, type BudgetProgress, type BudgetUsage } from './budget.js';
 export { dedupTree, gcObjects, type DedupOptions, type DedupResult } from './dedup.js';

@@ -10,6 +10,7 @@ import { makeReadOnly, removeTree, walkTree } from './fsTree.js';
 import { acquireLock } from './lock.js';
 import { processIsAlive, run, selfStartTime } from './proc.js';
 import { scanForPrefix, type PrefixFile } from './relocate.js';
+import { LISTING_FILE, compareListings, sha256Hex, treeListing, type HashCache, type LayerProblem, type ListingEntry } from './verify.js';
 
 /**
  * Content-addressed store of read-only layer trees.
@@ -17,6 +18,7 @@ import { scanForPrefix, type PrefixFile } from './relocate.js';
  * Layout under the root (one filesystem, so renames are atomic and dedup
  * hard links work):
  *   layers/<sha256>/manifest.json   what the layer is (see LayerManifest)
+ *   layers/<sha256>/listing.jsonl   the tree as built, for verify() (see verify.ts)
  *   layers/<sha256>/tree/           the read-only tree: mount this as lowerdir
  *   objects/ab/cdef…                dedup objects (hard-linked into trees)
  *   staging/                        unpacking in progress, and trash being deleted
@@ -54,6 +56,8 @@ export interface LayerManifest {
   /** ISO time the layer was created. */
   created: string;
   dedup?: DedupResult;
+  /** sha256 of listing.jsonl, the tree as built; absent in layers built before it was recorded. */
+  treeDigest?: string;
 }
 
 export interface Layer {
@@ -109,6 +113,20 @@ export interface GcResult {
   removedLayers: string[];
   removedObjects: number;
   removedStaging: number;
+}
+
+export interface LayerCheck {
+  digest: string;
+  source: string;
+  /** 'ok': the tree is as built; 'mismatch': see problems; 'unverifiable': see reason. */
+  status: 'ok' | 'mismatch' | 'unverifiable';
+  /** Every difference found, in path order. */
+  problems: LayerProblem[];
+  /** Why the layer could not be checked. */
+  reason?: string;
+  /** Regular files in the tree now, and their bytes. */
+  files: number;
+  bytes: number;
 }
 
 const DIGEST = /^[0-9a-f]{64}$/;
@@ -217,7 +235,8 @@ export class LayerStore {
           ticket?.progress(done);
           opts.onProgress?.({ label: digest, done, total: bytes });
         });
-        const manifest = await this.finishTree(tree, digest, kind, source, opts);
+        const { manifest, listing } = await this.finishTree(tree, digest, kind, source, opts);
+        await fsp.writeFile(path.join(staging, LISTING_FILE), listing, { mode: 0o444 });
         await fsp.writeFile(path.join(staging, 'manifest.json'), `${JSON.stringify(manifest, null, 2)}\n`, { mode: 0o444 });
         try {
           await fsp.rename(staging, this.layerDir(digest));
@@ -242,22 +261,26 @@ export class LayerStore {
     }
   }
 
-  /** Scan, set final modes, dedup, count: everything before publishing. */
+  /** Scan, set final modes, dedup, count, list: everything before publishing. */
   private async finishTree(
     tree: string,
     digest: string,
     kind: 'archive' | 'directory',
     source: string,
     opts: AddOptions,
-  ): Promise<LayerManifest> {
+  ): Promise<{ manifest: LayerManifest; listing: string }> {
     // Scan before anything else touches the tree.
     const prefixFiles = opts.prefix ? await scanForPrefix(tree, opts.prefix) : undefined;
     // Files first: dedup keys on the final mode. Directories stay writable
     // until dedup has swapped its hard links in.
     await makeReadOnly(tree, 'files');
-    const dedup = this.dedupOpts ? await dedupTree(tree, path.join(this.root, 'objects'), this.dedupOpts) : undefined;
+    const hashes = new Map<string, string>();
+    const dedup = this.dedupOpts ? await dedupTree(tree, path.join(this.root, 'objects'), this.dedupOpts, hashes) : undefined;
     const counts = await makeReadOnly(tree, 'dirs');
-    return {
+    // Last, so it records the tree exactly as published; dedup's content
+    // hashes are reused (an object has the content of the file it replaced).
+    const listing = await treeListing(tree, { known: hashes });
+    const manifest: LayerManifest = {
       version: 1,
       digest,
       size: counts.bytes,
@@ -268,7 +291,9 @@ export class LayerStore {
       ...(opts.prefix ? { prefix: opts.prefix, prefixFiles: prefixFiles ?? [] } : {}),
       created: new Date().toISOString(),
       ...(dedup ? { dedup } : {}),
+      treeDigest: sha256Hex(listing.text),
     };
+    return { manifest, listing: listing.text };
   }
 
   /** Under the layer's lock, any staging dir for it belongs to a crashed builder. */
@@ -353,6 +378,77 @@ export class LayerStore {
     }
     result.removedObjects = (await gcObjects(path.join(this.root, 'objects'))).removed;
     return result;
+  }
+
+  /**
+   * Re-hash each layer (or the named ones) and compare its tree with the
+   * listing recorded when it was built: every file's content, size, mode and
+   * mtime, every directory's mode, every symlink's target, nothing missing
+   * and nothing added; and the manifest and listing themselves. Files shared
+   * by dedup are read once. Each layer is checked under its build lock, so a
+   * concurrent remove or gc waits. Throws for a named layer that is not in
+   * the store.
+   */
+  async verify(digests?: Iterable<string>): Promise<LayerCheck[]> {
+    let names: string[];
+    if (digests === undefined) names = (await fsp.readdir(path.join(this.root, 'layers'))).filter((n) => DIGEST.test(n)).sort();
+    else {
+      names = [...new Set([...digests].map(normalizeDigest))];
+      for (const d of names) if (!(await this.get(d))) throw new LayerError(`verify: layer ${d} is not in the store ${this.root}`);
+    }
+    const cache: HashCache = new Map();
+    const out: LayerCheck[] = [];
+    for (const d of names) {
+      const lock = await acquireLock(path.join(this.root, 'locks', `${d}.lock`), { what: `verify layer ${d}` });
+      try {
+        const layer = await this.get(d);
+        if (layer) out.push(await this.verifyLayer(layer, cache));
+      } finally {
+        await lock.release();
+      }
+    }
+    return out;
+  }
+
+  private async verifyLayer(layer: Layer, cache: HashCache): Promise<LayerCheck> {
+    const m = layer.manifest;
+    const check: LayerCheck = { digest: layer.digest, source: String(m.source), status: 'ok', problems: [], files: 0, bytes: 0 };
+    if (m.digest !== layer.digest)
+      check.problems.push({ path: 'manifest.json', what: 'manifest', expected: layer.digest, actual: `says the layer's digest is ${JSON.stringify(m.digest)}, not its name` });
+    if (typeof m.treeDigest !== 'string') {
+      return {
+        ...check,
+        status: check.problems.length > 0 ? 'mismatch' : 'unverifiable',
+        reason: 'no tree digest in manifest.json (built before listings were recorded): remove the layer and add it again to make it verifiable',
+      };
+    }
+    let recorded: ListingEntry[] | undefined;
+    let text: string | undefined;
+    try {
+      text = await fsp.readFile(path.join(layer.dir, LISTING_FILE), 'utf8');
+    } catch (err) {
+      check.problems.push({ path: LISTING_FILE, what: 'unreadable', actual: (err as Error).message });
+    }
+    if (text !== undefined) {
+      const sha = sha256Hex(text);
+      if (sha !== m.treeDigest) {
+        check.problems.push({ path: LISTING_FILE, what: 'listing', expected: m.treeDigest, actual: `sha256 ${sha}, but manifest.json records ${m.treeDigest}` });
+      } else {
+        recorded = text.split('\n').filter(Boolean).map((l) => JSON.parse(l) as ListingEntry);
+      }
+    }
+    const now = await treeListing(layer.path, { cache }).catch((err: unknown) => {
+      check.problems.push({ path: '.', what: 'unreadable', actual: (err as Error).message });
+      return undefined;
+    });
+    if (now) {
+      check.files = now.files;
+      check.bytes = now.bytes;
+      // Without a listing we trust, only the fact that it is bad can be said.
+      if (recorded) check.problems.push(...compareListings(recorded, now.entries));
+    }
+    check.status = check.problems.length > 0 ? 'mismatch' : 'ok';
+    return check;
   }
 
   /** Apparent size, real disk use (each inode once) and what dedup saves. */

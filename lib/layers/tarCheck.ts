@@ -16,19 +16,54 @@ import { LayerError } from './errors.js';
  *  - no absolute names, no `..` component (names and hard link targets);
  *  - no member whose parent path is an earlier symlink member. This blocks the
  *    trick of a symlink `a -> /etc` followed by a file `a/passwd`;
- *  - no non-symlink member replacing an earlier symlink member;
- *  - a hard link must point at an earlier regular file or symlink member of the
- *    same archive, so it can never reach a file outside the tree;
+ *  - no non-symlink member replacing an earlier symlink member, and no symlink
+ *    replacing a directory (one named by a member or implied by a member's path);
+ *  - no member whose parent path is an earlier file member (tar would fail with
+ *    ENOTDIR half-way; refusing says why);
+ *  - a hard link must point at an earlier *regular file* member of the same
+ *    archive, so it can never reach a file outside the tree. Not at a symlink:
+ *    link(2) would make a second name for the symlink, which this checker
+ *    would then count as a file, and a later `h/x` would be written through
+ *    it (GNU tar follows an in-tree one; only its placeholder trick stops an
+ *    absolute one). Not at itself;
+ *  - no member replacing a hard link or the target of one: the shared inode
+ *    would be written through unless tar unlinks first (GNU tar's default
+ *    does, `--overwrite` does not), and we do not depend on tar's options;
  *  - only regular files, hard links, symlinks and directories. No devices,
  *    FIFOs or sparse/multivolume members;
  *  - header checksums must be valid. On a bad checksum GNU tar would scan ahead
  *    for the next plausible header, and then the two parsers would disagree.
  *
- * Symlink *targets* may be anything, absolute ones included (a venv's
- * bin/python3 points at the base interpreter). Nothing in the archive may be
- * extracted through a symlink, so the target only matters later, inside the
- * sandbox's own mount namespace.
+ * Symlink targets, with `symlinks: 'anywhere'` (layers, the default), may be
+ * anything, absolute ones included (a venv's bin/python3 points at the base
+ * interpreter). Nothing in the archive may be extracted through a symlink, so
+ * the target only matters later, inside the sandbox's own mount namespace.
+ * With `symlinks: 'inside'` (a tree handed to the host, e.g. a download out of
+ * a sandbox) every symlink must resolve inside the destination: absolute
+ * targets are refused, and relative ones are resolved the way the kernel would,
+ * through the archive's other symlinks, and refused if any step climbs above
+ * the destination. A later symlink can change how an earlier one resolves, so
+ * every symlink is checked again at the end of the archive, before tar sees
+ * the end-of-archive blocks.
+ *
+ * Setuid and setgid bits are cleared in every header passed on (the checksum
+ * is recomputed): no layer needs them (the store strips them anyway), and a
+ * tree unpacked by root must never carry a setuid-root binary onto the host.
  */
+export interface TarCheckOptions {
+  /** What messages start with (default `layer archive <archiveName>`). */
+  label?: string;
+  /** Where members land, for messages (default 'the layer'). */
+  destination?: string;
+  /** 'anywhere' (default, layers) or 'inside' (every symlink resolves inside the destination). */
+  symlinks?: 'anywhere' | 'inside';
+}
+
+/** The kernel's limit on symlinks followed in one lookup (MAXSYMLINKS). */
+const MAX_SYMLINKS = 40;
+/** symlink(2) refuses longer targets. */
+const PATH_MAX = 4096;
+
 export class TarChecker extends Transform {
   private buf: Buffer = Buffer.alloc(0);
   /** Bytes of member data (plus padding) still to pass through untouched. */
@@ -43,14 +78,29 @@ export class TarChecker extends Transform {
   private offset = 0;
   private zeroBlocks = 0;
   private ended = false;
-  private readonly symlinks = new Set<string>();
+  /** Symlink members: normalised name -> raw name (for messages) and target. */
+  private readonly symlinks = new Map<string, { raw: string; target: string }>();
+  /** The same symlinks as a trie, for resolving targets (symlinks: 'inside' only). */
+  private readonly trie: TrieNode = { children: new Map() };
   private readonly files = new Set<string>();
   private readonly dirs = new Set<string>();
+  /** Hard link members and their targets: names that share an inode. */
+  private readonly linked = new Set<string>();
+  /** A symlink was added since the last whole-archive symlink check. */
+  private symlinksChanged = false;
+  private readonly label: string;
+  private readonly destination: string;
+  private readonly symlinkPolicy: 'anywhere' | 'inside';
   /** Members checked so far (for the caller's statistics). */
   members = 0;
+  /** Members whose setuid/setgid bits were cleared. */
+  setidCleared = 0;
 
-  constructor(private readonly archiveName: string) {
+  constructor(archiveName: string, opts: TarCheckOptions = {}) {
     super();
+    this.label = opts.label ?? `layer archive ${archiveName}`;
+    this.destination = opts.destination ?? 'the layer';
+    this.symlinkPolicy = opts.symlinks ?? 'anywhere';
   }
 
   override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
@@ -64,10 +114,15 @@ export class TarChecker extends Transform {
 
   override _flush(cb: TransformCallback): void {
     if (!this.ended && (this.skip > 0 || this.collecting || this.buf.length > 0)) {
-      cb(new LayerError(`layer archive ${this.archiveName}: truncated tar stream at byte ${this.offset}`));
+      cb(new LayerError(`${this.label}: truncated tar stream at byte ${this.offset}`));
       return;
     }
-    cb();
+    try {
+      this.checkAllSymlinks();
+      cb();
+    } catch (err) {
+      cb(err as Error);
+    }
   }
 
   private consume(chunk: Buffer): void {
@@ -112,12 +167,15 @@ export class TarChecker extends Transform {
 
   private fail(member: string | undefined, reason: string): never {
     const what = member === undefined ? '' : ` member ${displayName(member)}`;
-    throw new LayerError(`layer archive ${this.archiveName}:${what} ${reason}`);
+    throw new LayerError(`${this.label}:${what} ${reason}`);
   }
 
   private header(block: Buffer): void {
     const at = this.offset;
     if (isZero(block)) {
+      // tar may treat this block as the end and finish (creating its delayed
+      // symlinks): the whole-archive check must pass before it gets it.
+      this.checkAllSymlinks();
       this.push(block);
       this.offset += 512;
       this.zeroBlocks++;
@@ -129,7 +187,13 @@ export class TarChecker extends Transform {
       }
       return;
     }
-    this.zeroBlocks = 0;
+    if (this.zeroBlocks === 1) {
+      // GNU tar ends the archive at a lone zero block too (with a warning):
+      // what follows is never extracted, so it is not passed on either.
+      this.ended = true;
+      this.push(null);
+      return;
+    }
     if (!checksumOk(block)) this.fail(undefined, `bad tar header checksum at byte ${at} (corrupt or not a tar archive)`);
 
     const type = String.fromCharCode(block[156] ?? 0);
@@ -164,44 +228,71 @@ export class TarChecker extends Transform {
     this.members++;
     const name = this.checkPath(rawName, rawName, 'name');
 
+    // Every type below is checked the same way for where it lands: not
+    // through a symlink or a file, not over a symlink or a hard-linked name.
+    this.notThroughSymlink(rawName, name);
+    if (name !== '' && this.linked.has(name))
+      this.fail(rawName, 'replaces a hard link or the target of one (it would be written through the shared inode)');
     switch (type) {
       case '0':
       case '\0':
       case '7':
-        this.notThroughSymlink(rawName, name);
         this.notReplacingSymlink(rawName, name);
+        if (this.dirs.has(name)) this.fail(rawName, 'replaces a directory with a file');
         this.files.add(name);
         break;
       case '5':
-        this.notThroughSymlink(rawName, name);
         this.notReplacingSymlink(rawName, name);
+        if (this.files.has(name)) this.fail(rawName, 'replaces a file with a directory');
         this.dirs.add(name);
         break;
       case '2':
-        if (name === '') this.fail(rawName, 'is a symlink in place of the layer root');
+        if (name === '') this.fail(rawName, `is a symlink in place of ${this.destination}'s root`);
         if (rawLink === '') this.fail(rawName, 'is a symlink with an empty target');
-        this.notThroughSymlink(rawName, name);
         if (this.dirs.has(name)) this.fail(rawName, 'replaces a directory with a symlink');
         this.files.delete(name);
-        this.symlinks.add(name);
+        this.symlinks.set(name, { raw: rawName, target: rawLink });
+        if (this.symlinkPolicy === 'inside') {
+          let node = this.trie;
+          for (const c of name.split('/')) {
+            let next = node.children.get(c);
+            if (!next) node.children.set(c, (next = { children: new Map() }));
+            node = next;
+          }
+          node.link = rawLink;
+          this.symlinksChanged = true;
+          // Early refusal of what already leaves; chains through later
+          // symlinks are caught by the check at the end of the archive.
+          this.symlinkStaysInside(name);
+        }
         break;
       case '1': {
-        this.notThroughSymlink(rawName, name);
         this.notReplacingSymlink(rawName, name);
+        if (this.dirs.has(name)) this.fail(rawName, 'replaces a directory with a hard link');
         const target = this.checkPath(rawName, rawLink, 'hard link target');
         this.notThroughSymlink(rawName, target, 'hard link target');
-        if (!this.files.has(target) && !this.symlinks.has(target))
-          this.fail(rawName, `hard link target ${displayName(rawLink)} is not an earlier file of the archive`);
+        if (target === name) this.fail(rawName, 'is a hard link to itself');
+        if (this.symlinks.has(target))
+          this.fail(rawName, `hard link target ${displayName(rawLink)} is a symlink member (a second name for a symlink could be written through)`);
+        if (!this.files.has(target)) this.fail(rawName, `hard link target ${displayName(rawLink)} is not an earlier file of the archive`);
         this.files.add(name);
+        this.linked.add(name);
+        this.linked.add(target);
         break;
       }
       case 'S':
-        this.fail(rawName, 'is a GNU sparse file (not supported in layers)');
+        this.fail(rawName, 'is a GNU sparse file (not supported)');
       // falls through (fail never returns)
       default:
         this.fail(rawName, `has unsupported type '${printable(type)}' (devices, FIFOs and volume headers are refused)`);
     }
-    this.push(block);
+    this.addParents(name);
+    const mode = parseNumeric(block.subarray(100, 108));
+    if (mode === undefined) this.fail(rawName, `has an unreadable mode field at byte ${at}`);
+    if (mode % 0o10000 & 0o6000) {
+      this.setidCleared++;
+      this.push(withMode(block, mode % 0o10000 & ~0o6000));
+    } else this.push(block);
     this.offset += 512;
     this.skip = size + padOf(size);
   }
@@ -212,7 +303,7 @@ export class TarChecker extends Transform {
     else {
       const recs = parsePax(data, (why) => this.fail(undefined, `bad pax header (${why}) before byte ${this.offset}`));
       for (const [key, value] of recs) {
-        if (key.startsWith('GNU.sparse')) this.fail(recs.get('path'), 'is a GNU sparse file (not supported in layers)');
+        if (key.startsWith('GNU.sparse')) this.fail(recs.get('path'), 'is a GNU sparse file (not supported)');
         if (kind === 'g' && (key === 'path' || key === 'linkpath' || key === 'size'))
           this.fail(undefined, `global pax header sets '${key}', which is refused`);
       }
@@ -235,12 +326,12 @@ export class TarChecker extends Transform {
     if (raw.includes('\0')) this.fail(member, `${what} contains a NUL byte`);
     if (raw === '') this.fail(member, `has an empty ${what}`);
     if (raw.startsWith('/')) {
-      const reason = what === 'name' ? 'has an absolute name and would land outside the layer' : `${what} ${displayName(raw)} is absolute and escapes the layer`;
+      const reason = what === 'name' ? `has an absolute name and would land outside ${this.destination}` : `${what} ${displayName(raw)} is absolute and escapes ${this.destination}`;
       this.fail(member, reason);
     }
     const parts = raw.split('/').filter((c) => c !== '' && c !== '.');
     if (parts.includes('..')) {
-      const reason = what === 'name' ? "has a '..' component and escapes the layer" : `${what} ${displayName(raw)} has a '..' component and escapes the layer`;
+      const reason = what === 'name' ? `has a '..' component and escapes ${this.destination}` : `${what} ${displayName(raw)} has a '..' component and escapes ${this.destination}`;
       this.fail(member, reason);
     }
     return parts.join('/');
@@ -251,7 +342,8 @@ export class TarChecker extends Transform {
     while (i !== -1) {
       const parent = p.slice(0, i);
       if (this.symlinks.has(parent))
-        this.fail(member, `${what} goes through the symlink member ${displayName(parent)} and could write outside the layer`);
+        this.fail(member, `${what} goes through the symlink member ${displayName(parent)} and could write outside ${this.destination}`);
+      if (this.files.has(parent)) this.fail(member, `${what} goes through the file member ${displayName(parent)}`);
       i = p.indexOf('/', i + 1);
     }
   }
@@ -259,6 +351,80 @@ export class TarChecker extends Transform {
   private notReplacingSymlink(member: string, p: string): void {
     if (this.symlinks.has(p)) this.fail(member, 'replaces an earlier symlink member (would be written through it)');
   }
+
+  /** A member's parents exist as directories from now on, even without members of their own. */
+  private addParents(p: string): void {
+    for (let i = p.lastIndexOf('/'); i > 0; i = p.lastIndexOf('/', i - 1)) {
+      const parent = p.slice(0, i);
+      if (this.dirs.has(parent)) break;
+      this.dirs.add(parent);
+    }
+  }
+
+  private symlinkStaysInside(name: string): void {
+    const link = this.symlinks.get(name)!;
+    if (link.target.length >= PATH_MAX) this.fail(link.raw, `is a symlink whose target is longer than PATH_MAX (${link.target.length} bytes)`);
+    const at: Array<TrieNode | undefined> = [];
+    const parts = name.split('/');
+    for (const c of parts.slice(0, -1)) at.push((at.length === 0 ? this.trie : at[at.length - 1])?.children.get(c));
+    if (!this.walk(at, link.target, { left: MAX_SYMLINKS }))
+      this.fail(link.raw, `is a symlink to ${displayName(link.target)}, which leaves ${this.destination}`);
+  }
+
+  /** Every symlink, against the archive as it stands now (a later symlink can redirect an earlier one). */
+  private checkAllSymlinks(): void {
+    if (this.symlinkPolicy !== 'inside' || !this.symlinksChanged) return;
+    this.symlinksChanged = false;
+    for (const name of this.symlinks.keys()) this.symlinkStaysInside(name);
+  }
+
+  /**
+   * Walks `target` from the position `at` (the directories so far, as trie
+   * nodes; undefined once off the archive's symlink paths) as the kernel
+   * would, through the symlink members met on the way (a trailing one too:
+   * what matters is where following it leads). False if the target is
+   * absolute or any step climbs above the root. Names the archive does not
+   * have count as directories, and '..' after a file pops it: both can only
+   * refuse more than the kernel would reach. Past the kernel's symlink limit
+   * the lookup would fail with ELOOP; the walk then goes on treating the link
+   * as a directory, which again can only refuse more.
+   */
+  private walk(at: Array<TrieNode | undefined>, target: string, budget: { left: number }): boolean {
+    if (target.startsWith('/')) return false;
+    for (const c of target.split('/')) {
+      if (c === '' || c === '.') continue;
+      if (c === '..') {
+        if (at.length === 0) return false;
+        at.pop();
+        continue;
+      }
+      const node = (at.length === 0 ? this.trie : at[at.length - 1])?.children.get(c);
+      if (node?.link !== undefined && budget.left-- > 0) {
+        if (!this.walk(at, node.link, budget)) return false;
+        continue;
+      }
+      at.push(node);
+    }
+    return true;
+  }
+}
+
+/** Symlink members' paths, one node per component, so a walk costs O(1) a step. */
+interface TrieNode {
+  children: Map<string, TrieNode>;
+  /** Set when this path is a symlink member: its target. */
+  link?: string;
+}
+
+/** A copy of a header block with a new mode field and checksum (GNU tar's field formats). */
+function withMode(block: Buffer, mode: number): Buffer {
+  const out = Buffer.from(block);
+  out.write(`${mode.toString(8).padStart(7, '0')}\0`, 100, 8, 'latin1');
+  out.fill(0x20, 148, 156);
+  let sum = 0;
+  for (let i = 0; i < 512; i++) sum += out[i]!;
+  out.write(`${sum.toString(8).padStart(6, '0')}\0 `, 148, 8, 'latin1');
+  return out;
 }
 
 function padOf(size: number): number {

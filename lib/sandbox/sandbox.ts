@@ -5,13 +5,13 @@
  * whole subtree and nothing else.
  */
 import { spawn as hostSpawn } from 'node:child_process';
-import { chownSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { dirname, join, posix } from 'node:path';
-import { extractArchive } from '../layers/extract.js';
+import { chownSync, mkdirSync, readFileSync, statSync } from 'node:fs';
+import { join, posix } from 'node:path';
+import { LayerError } from '../layers/errors.js';
+import { extractUntrusted } from '../layers/extract.js';
 import { native, type NativeOp, type NativePlan } from '../native/index.js';
 import { ShellSession, type PtyChannel } from '../shell/index.js';
-import { ConfigError, SandboxError } from './errors.js';
+import { ConfigError, SandboxError, describeErrno } from './errors.js';
 import { SandboxLimits, type Limits, type LimitReport } from './limits.js';
 import type { ProcessOptions, SandboxOptions } from './options.js';
 import {
@@ -32,7 +32,6 @@ import {
 import { FILE_CAPABILITIES, TMPFS_SIZES, WORK_DIR } from './policy.js';
 import { SandboxProcess, callNative } from './process.js';
 import { collectResult, type RunResult } from './run.js';
-import { describeErrno } from './errors.js';
 import { removeTree } from '../layers/fsTree.js';
 import { collectGarbage, createPrivateDir, defaultStateDir, ensureStateDir, newSandboxId } from './state.js';
 
@@ -383,28 +382,55 @@ export class Sandbox implements AsyncDisposable {
     if (result.exitCode !== 0) throw new SandboxError(`upload ${hostPath} -> ${p}: ${String(result.stderr).trim()}`);
   }
 
-  /** Copies a file or directory at `path` in the sandbox to the host. */
+  /**
+   * Copies a file or directory at `path` in the sandbox to `hostPath`, as
+   * the sandbox sees it (a symlink at `path` is followed inside the
+   * sandbox). What arrives on the host is safe to use there, whoever runs
+   * this (see extractUntrusted):
+   *
+   *  - no setuid/setgid bits and no ownership from the sandbox: files belong
+   *    to the caller; other permission bits are kept;
+   *  - a symlink that would lead out of `hostPath` (absolute, or climbing out
+   *    with `..`, through other symlinks too) refuses the whole download,
+   *    naming it: `download /work: member ./link is a symlink to
+   *    /etc/shadow, which leaves the destination`. Relative links inside the
+   *    tree are kept;
+   *  - all or nothing: the tree is unpacked next to `hostPath` and renamed
+   *    into place once complete; a refused or failed download leaves
+   *    nothing behind;
+   *  - an existing `hostPath` is never merged into: a directory download
+   *    needs it absent or an empty directory; a file download replaces a
+   *    file, as cp would, but never a directory.
+   *
+   * The tar stream is piped straight from the sandbox to the checker and
+   * `tar -x`: no copy of it is held in memory or in a temporary file.
+   */
   async download(path: string, hostPath: string): Promise<void> {
     const p = this.#path(path);
+    if (typeof hostPath !== 'string' || hostPath.length === 0 || hostPath.includes('\0')) throw new ConfigError('hostPath: must be a non-empty string', 'hostPath');
     const kind = await this.exec(['/bin/sh', '-c', 'if [ -d "$1" ]; then echo dir; elif [ -e "$1" ]; then echo file; fi', 'sh', p], { capabilities: FILE_CAPABILITIES });
-    if (kind.stdout.trim() === 'file') {
-      mkdirSync(dirname(hostPath), { recursive: true });
-      writeFileSync(hostPath, await this.readFile(p));
-      return;
-    }
-    if (kind.stdout.trim() !== 'dir') throw new SandboxError(`download ${p}: no such file or directory in sandbox ${this.id}`);
-    // The archive comes from sandboxed code: it goes through the layer
-    // extractor, which refuses members that would land outside hostPath.
-    const tmp = mkdtempSync(join(tmpdir(), 'msbx-download-'));
+    const what = kind.stdout.trim();
+    if (what !== 'dir' && what !== 'file') throw new SandboxError(`download ${p}: no such file or directory in sandbox ${this.id}`);
+    // -h archives what a symlink at `path` points to (resolved in the
+    // sandbox), under its own name.
+    const argv =
+      what === 'dir' ? ['tar', '-C', p, '-cf', '-', '.'] : ['tar', '-C', posix.dirname(p), '-chf', '-', '--', posix.basename(p)];
+    const proc = this.spawn(argv, { stdin: 'ignore', stdout: 'pipe', stderr: 'pipe', capabilities: FILE_CAPABILITIES });
+    let stderr = '';
+    proc.stderr!.on('data', (c: Buffer) => (stderr = (stderr + c.toString()).slice(-4096)));
+    const produced = proc.exited.then((info) => {
+      if (info.exitCode !== 0)
+        throw new SandboxError(`download ${p}: tar in the sandbox failed (${info.signal ?? `exit ${info.exitCode}`}): ${stderr.trim()}`);
+    });
+    produced.catch(() => {});
     try {
-      const archive = join(tmp, 'tree.tar');
-      const r = await this.exec(['tar', '-C', p, '-cf', '-', '.'], { encoding: 'buffer', capabilities: FILE_CAPABILITIES, maxBuffer: 4 * 1024 ** 3 });
-      if (r.exitCode !== 0) throw new SandboxError(`download ${p}: ${r.stderr.toString().trim()}`);
-      writeFileSync(archive, r.stdout);
-      mkdirSync(hostPath, { recursive: true });
-      await extractArchive(archive, hostPath, { compression: 'none' });
-    } finally {
-      rmSync(tmp, { recursive: true, force: true });
+      await proc.ready;
+      await extractUntrusted(proc.stdout!, hostPath, { label: `download ${p}`, kind: what === 'dir' ? 'tree' : 'file', producer: produced });
+    } catch (err) {
+      proc.killTree();
+      await proc.exited.catch(() => {});
+      if (err instanceof LayerError) throw new SandboxError(err.message, { cause: err });
+      throw err;
     }
   }
 

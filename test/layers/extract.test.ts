@@ -1,8 +1,8 @@
 import { execFileSync } from 'node:child_process';
-import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, symlinkSync, linkSync, utimesSync, statSync, writeFileSync } from 'node:fs';
+import { createReadStream, existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, symlinkSync, linkSync, utimesSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { extractArchive, packDirectory, LayerError } from '../../lib/layers/index.js';
+import { extractArchive, extractUntrusted, packDirectory, LayerError } from '../../lib/layers/index.js';
 import { py, tmpDir, writeTree } from './helpers.js';
 
 /**
@@ -20,7 +20,7 @@ with tarfile.open(out, 'w', format=format) as tf:
         kind = s['type']
         if kind == 'file':
             data = s.get('data', 'x').encode()
-            t.size = len(data); t.mode = 0o644
+            t.size = len(data); t.mode = s.get('mode', 0o644)
             tf.addfile(t, io.BytesIO(data)); continue
         if kind == 'dir': t.type = tarfile.DIRTYPE; t.mode = 0o755
         elif kind == 'symlink': t.type = tarfile.SYMTYPE; t.linkname = s['link']
@@ -30,7 +30,7 @@ with tarfile.open(out, 'w', format=format) as tf:
         tf.addfile(t)
 `;
 
-type Spec = { type: 'file' | 'dir' | 'symlink' | 'hardlink' | 'chr' | 'fifo'; name: string; link?: string; data?: string };
+type Spec = { type: 'file' | 'dir' | 'symlink' | 'hardlink' | 'chr' | 'fifo'; name: string; link?: string; data?: string; mode?: number };
 
 function makeTar(out: string, specs: Spec[], fmt: 'gnu' | 'pax' | 'ustar' = 'gnu'): string {
   py(MAKE_TAR, [out, fmt, JSON.stringify(specs)]);
@@ -129,6 +129,47 @@ describe('extractArchive: hostile archives', () => {
       member: 'h',
       reason: /not an earlier file of the archive/,
     },
+    // A hard link to a symlink is a second name for the symlink that the
+    // checker used to count as a file: `h/x` went through it (GNU tar writes
+    // through an in-tree one; only its placeholders stop an absolute one).
+    {
+      title: 'hard link to an in-tree symlink, then a file through it',
+      specs: [{ type: 'dir', name: 'sub' }, { type: 'symlink', name: 's', link: 'sub' }, { type: 'hardlink', name: 'h', link: 's' }, { type: 'file', name: 'h/x' }],
+      member: 'h',
+      reason: /hard link target s is a symlink member/,
+    },
+    {
+      title: 'hard link to a symlink to outside, then a file through it',
+      specs: [{ type: 'symlink', name: 's', link: '@OUT@' }, { type: 'hardlink', name: 'h', link: 's' }, { type: 'file', name: 'h/victim', data: 'PWNED' }],
+      member: 'h',
+      reason: /hard link target s is a symlink member/,
+    },
+    {
+      title: 'hard link to a member that only comes later',
+      specs: [{ type: 'hardlink', name: 'h', link: 'later' }, { type: 'file', name: 'later' }],
+      member: 'h',
+      reason: /hard link target later is not an earlier file of the archive/,
+    },
+    { title: 'hard link to itself', specs: [{ type: 'file', name: 'h' }, { type: 'hardlink', name: 'h', link: 'h' }], member: 'h', reason: /is a hard link to itself/ },
+    {
+      title: 'hard link, then a file written through it',
+      specs: [{ type: 'file', name: 'f', data: 'mine' }, { type: 'hardlink', name: 'h', link: 'f' }, { type: 'file', name: 'h', data: 'PWNED' }],
+      member: 'h',
+      reason: /replaces a hard link or the target of one/,
+    },
+    {
+      title: 'hard link, then its target rewritten',
+      specs: [{ type: 'file', name: 'f', data: 'mine' }, { type: 'hardlink', name: 'h', link: 'f' }, { type: 'file', name: 'f', data: 'PWNED' }],
+      member: 'f',
+      reason: /replaces a hard link or the target of one/,
+    },
+    { title: 'a member under a file', specs: [{ type: 'file', name: 'f' }, { type: 'file', name: 'f/x' }], member: 'f/x', reason: /goes through the file member f/ },
+    {
+      title: 'symlink replacing a directory only implied by an earlier path',
+      specs: [{ type: 'file', name: 'd/x' }, { type: 'symlink', name: 'd', link: '@OUT@' }],
+      member: 'd',
+      reason: /replaces a directory with a symlink/,
+    },
     { title: 'character device', specs: [{ type: 'chr', name: 'null' }], member: 'null', reason: /unsupported type '3'/ },
     { title: 'fifo', specs: [{ type: 'fifo', name: 'p' }], member: 'p', reason: /unsupported type '6'/ },
   ];
@@ -161,7 +202,11 @@ describe('extractArchive: hostile archives', () => {
         expect(readFileSync(path.join(outside, 'victim'), 'utf8')).toBe('original');
         // Only members before the refused one can exist (the store then deletes
         // the whole staging dir); the refused member itself was never written.
-        const allowed = specs.slice(0, -1).map((s) => s.name.split('/').filter((c) => c && c !== '.').join('/'));
+        // (Their parent directories too: tar makes them for a member without its own.)
+        const allowed = specs.slice(0, -1).flatMap((s) => {
+          const parts = s.name.split('/').filter((c) => c && c !== '.');
+          return parts.map((_, i) => parts.slice(0, i + 1).join('/'));
+        });
         for (const p of listAll(dest)) expect(allowed).toContain(path.relative(dest, p));
       }
     });
@@ -202,6 +247,123 @@ describe('extractArchive: hostile archives', () => {
     expect(stderr).toMatch(/Member name contains '\.\.'/);
     expect(existsSync(path.join(outside, 'through'))).toBe(false);
     expect(existsSync(path.join(t.dir, 'escape'))).toBe(false);
+  });
+});
+
+describe('extractArchive: what GNU tar would do', () => {
+  const t = tmpDir('extract-tar');
+  afterAll(() => t.cleanup());
+
+  it('clears setuid and setgid bits, keeps the other bits', async () => {
+    const archive = makeTar(path.join(t.dir, 'setid.tar'), [
+      { type: 'file', name: 'suid', mode: 0o4755 },
+      { type: 'file', name: 'sgid', mode: 0o2711 },
+      { type: 'file', name: 'plain', mode: 0o640 },
+    ]);
+    const dest = path.join(t.dir, 'setid');
+    mkdirSync(dest);
+    await extractArchive(archive, dest);
+    const mode = (f: string) => statSync(path.join(dest, f)).mode & 0o7777;
+    expect([mode('suid'), mode('sgid')]).toEqual([0o755, 0o711]);
+    // Without -p a non-root tar applies the umask; the point is only that no set-id bit survives.
+    expect(mode('plain') & ~0o640).toBe(0);
+  });
+
+  it('ends the archive at a lone zero block, as GNU tar does: nothing after it is passed on', async () => {
+    const archive = path.join(t.dir, 'lone.tar');
+    py(
+      String.raw`
+import io, sys, tarfile
+def member(name):
+    t = tarfile.TarInfo(name); t.size = 1; t.mtime = 0
+    return t.tobuf(tarfile.GNU_FORMAT) + b'x' + b'\0' * 511
+open(sys.argv[1], 'wb').write(member('a') + b'\0' * 512 + member('b') + b'\0' * 1024)
+`,
+      [archive],
+    );
+    const dest = path.join(t.dir, 'lone');
+    mkdirSync(dest);
+    expect(execFileSync('tar', ['-tf', archive, '--warning=no-alone-zero-block'], { encoding: 'utf8' })).toBe('a\n');
+    expect((await extractArchive(archive, dest)).members).toBe(1);
+    expect(readdirSync(dest)).toEqual(['a']);
+  });
+});
+
+describe('extractUntrusted: a tree for the host, all or nothing', () => {
+  const t = tmpDir('untrusted');
+  afterAll(() => t.cleanup());
+  let k = 0;
+  /** A hand-made archive unpacked to <fresh dir>/out; returns the fresh dir and the outcome. */
+  async function unpack(specs: Spec[], opts: { producer?: Promise<unknown>; pre?: (out: string) => void } = {}) {
+    const dir = path.join(t.dir, `case-${++k}`);
+    mkdirSync(dir);
+    const archive = makeTar(path.join(t.dir, `case-${k}.tar`), specs);
+    opts.pre?.(path.join(dir, 'out'));
+    const err = await extractUntrusted(createReadStream(archive), path.join(dir, 'out'), {
+      label: 'download /w',
+      ...(opts.producer ? { producer: opts.producer } : {}),
+    }).then(
+      () => undefined,
+      (e: unknown) => e as Error,
+    );
+    return { dir, err };
+  }
+  const filler: Spec[] = Array.from({ length: 50 }, (_, i) => ({ type: 'file', name: `./a/f${i}`, data: String(i) }));
+
+  const refused: Array<{ title: string; specs: Spec[]; message: string }> = [
+    { title: 'an absolute symlink', specs: [{ type: 'symlink', name: './l', link: '/etc/shadow' }], message: 'member ./l is a symlink to /etc/shadow, which leaves the destination' },
+    { title: 'a symlink climbing out', specs: [{ type: 'symlink', name: './a/up', link: '../..' }], message: 'member ./a/up is a symlink to ../.., which leaves the destination' },
+    {
+      // c comes first and reads as inside on its own; only once s/l is known does it leave.
+      title: 'a symlink that leaves only through a later one',
+      specs: [{ type: 'symlink', name: './c', link: 's/l/../../x' }, { type: 'dir', name: './s' }, { type: 'symlink', name: './s/l', link: '..' }],
+      message: 'member ./c is a symlink to s/l/../../x, which leaves the destination',
+    },
+    { title: 'a hard link to a host file', specs: [{ type: 'hardlink', name: './h', link: '/etc/passwd' }], message: 'member ./h hard link target /etc/passwd is absolute and escapes the destination' },
+    { title: 'a hard link out with ..', specs: [{ type: 'hardlink', name: './h', link: '../x' }], message: "member ./h hard link target ../x has a '..' component and escapes the destination" },
+    { title: 'a hard link to a name not in the archive', specs: [{ type: 'hardlink', name: './h', link: 'etc/passwd' }], message: 'member ./h hard link target etc/passwd is not an earlier file of the archive' },
+  ];
+  for (const c of refused) {
+    it(`refuses ${c.title} and leaves nothing behind`, async () => {
+      const { dir, err } = await unpack([{ type: 'dir', name: '.' }, ...filler, ...c.specs, { type: 'file', name: './z', data: 'z' }]);
+      expect(err).toBeInstanceOf(LayerError);
+      expect(err!.message).toBe(`download /w: ${c.message}`);
+      expect(readdirSync(dir)).toEqual([]);
+    });
+  }
+
+  it('publishes nothing when the producer fails, even after a complete stream', async () => {
+    const { dir, err } = await unpack([{ type: 'dir', name: '.' }, ...filler], { producer: Promise.reject(new Error('tar in the sandbox failed (exit 2)')) });
+    expect(err?.message).toBe('tar in the sandbox failed (exit 2)');
+    expect(readdirSync(dir)).toEqual([]);
+  });
+
+  it('publishes a good tree with in-tree links, without set-id bits', async () => {
+    const { dir, err } = await unpack([
+      { type: 'dir', name: '.' },
+      ...filler,
+      { type: 'file', name: './bin/tool', data: '#!/bin/sh\n', mode: 0o4755 },
+      { type: 'symlink', name: './bin/up', link: '../a/f1' },
+      { type: 'hardlink', name: './a/hard', link: './a/f2' },
+    ]);
+    expect(err).toBeUndefined();
+    const out = path.join(dir, 'out');
+    expect(statSync(path.join(out, 'bin/tool')).mode & 0o7777).toBe(0o755);
+    expect(readFileSync(path.join(out, 'bin/up'), 'utf8')).toBe('1');
+    expect(statSync(path.join(out, 'a/hard')).ino).toBe(statSync(path.join(out, 'a/f2')).ino);
+    expect(readdirSync(dir)).toEqual(['out']);
+  });
+
+  it('never merges into or deletes an existing destination', async () => {
+    const { dir, err } = await unpack([{ type: 'dir', name: '.' }, ...filler], {
+      pre: (out) => {
+        mkdirSync(out);
+        writeFileSync(path.join(out, 'mine'), 'user data');
+      },
+    });
+    expect(err?.message).toMatch(/^download \/w: .*\/out already exists and is a non-empty directory; nothing was written/);
+    expect(readdirSync(path.join(dir, 'out'))).toEqual(['mine']);
+    expect(readdirSync(dir)).toEqual(['out']);
   });
 });
 
