@@ -15,7 +15,7 @@ import { performance } from 'node:perf_hooks';
 import { Sandbox } from '../lib/index.js';
 import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
 import { exec } from './lib/proc.js';
-import { formatMs, formatRatio, formatTable, summarize, type Summary } from './lib/stats.js';
+import { formatMs, formatRatio, formatTable, summarize, timePair, type Summary } from './lib/stats.js';
 
 interface Options {
   iterations: number;
@@ -110,8 +110,14 @@ async function main(): Promise<void> {
   const create = summarize(createSamples);
 
   const sb = await Sandbox.create();
-  log(`exec true: ${o.iterations} runs`);
-  const execTrue = summarize(await timeMany(o.iterations, 10, () => sb.exec(['true'])));
+  // What the seccomp filter costs an exec: the same command in a sandbox
+  // without it, in ABBA order.
+  const unfiltered = await Sandbox.create({ seccomp: 'none' });
+  log(`exec true, with and without the seccomp filter: ${o.iterations} runs each, ABBA`);
+  const [filteredSamples, unfilteredSamples] = await timePair(o.iterations, 10, () => sb.exec(['true']), () => unfiltered.exec(['true']));
+  const execTrue = summarize(filteredSamples);
+  const execNoFilter = summarize(unfilteredSamples);
+  await unfiltered.close();
   const session = await sb.shell();
   log(`session.run('true'): ${o.iterations} runs`);
   const sessionTrue = summarize(await timeMany(o.iterations, 10, () => session.run('true')));
@@ -136,6 +142,7 @@ async function main(): Promise<void> {
   Object.assign(results, {
     create,
     execTrue,
+    execNoFilter,
     sessionTrue,
     docker,
     concurrent: { requested: o.concurrent, created: ok.length, failed, totalMs, perSecond: (ok.length / totalMs) * 1000, allAnswered: answers.every(Boolean) },
@@ -146,7 +153,7 @@ async function main(): Promise<void> {
     return;
   }
   const row = (name: string, s: Summary) => [name, String(s.n), formatMs(s.median), formatMs(s.p95), formatMs(s.mean)];
-  const rows = [['', 'n', 'median', 'p95', 'mean'], row('Sandbox.create + first exec', create), row('exec true (running sandbox)', execTrue), row("session.run('true')", sessionTrue)];
+  const rows = [['', 'n', 'median', 'p95', 'mean'], row('Sandbox.create + first exec', create), row('exec true (running sandbox)', execTrue), row("exec true, seccomp 'none'", execNoFilter), row("session.run('true')", sessionTrue)];
   if (typeof docker !== 'string') rows.push(row('docker exec true (running container)', docker));
   const verdict = (ok: boolean) => (ok ? 'PASS' : 'FAIL');
   const lines = [
@@ -156,6 +163,7 @@ async function main(): Promise<void> {
     '',
     `create + first command median ${formatMs(create.median)} (target <= 15 ms): ${verdict(create.median <= 15)}`,
     `exec true median ${formatMs(execTrue.median)} (target <= 2 ms): ${verdict(execTrue.median <= 2)}`,
+    `exec median / exec without the seccomp filter median = ${formatRatio(execTrue.median / execNoFilter.median)} (target <= 1.1): ${verdict(execTrue.median / execNoFilter.median <= 1.1)}`,
     typeof docker === 'string'
       ? `docker exec: ${docker}`
       : `docker exec median / exec median = ${formatRatio(docker.median / execTrue.median)} (target >= 20): ${verdict(docker.median / execTrue.median >= 20)}`,

@@ -15,12 +15,13 @@ import { performance } from 'node:perf_hooks';
 import { policy, run } from '../lib/index.js';
 import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
 import { aptInstall, lastLines, which } from './lib/proc.js';
-import { formatMs, formatRatio, formatTable, summarize, type Summary } from './lib/stats.js';
+import { formatMs, formatRatio, formatTable, summarize, timePair, type Summary } from './lib/stats.js';
 
 const TRUE = '/usr/bin/true';
 const IMAGE = HOST_IMAGE;
 const TARGET_VS_BWRAP = 1.0; // MiniSandbox median / bwrap median must be <= this
 const TARGET_DOCKER_VS = 50; // docker median / MiniSandbox median must be >= this
+const TARGET_FILTER_COST = 1.1; // default (seccomp) median / seccomp 'none' median must be <= this
 
 interface Options {
   iterations: number;
@@ -131,12 +132,21 @@ async function benchFloor(o: Options): Promise<Result> {
   return ok('child_process.spawn (floor)', TRUE, await measure('floor', () => runCommand(TRUE, []), o.iterations, o.warmup));
 }
 
-async function benchMiniSandbox(o: Options): Promise<Result> {
-  const once = async () => {
-    const r = await run({ argv: [TRUE] });
+/**
+ * The defaults against the same without the seccomp filter, in ABBA order:
+ * what the filter costs a spawn, measured in one run.
+ */
+async function benchMiniSandbox(o: Options): Promise<[Result, Result]> {
+  const once = (seccomp: 'default' | 'none') => async () => {
+    const r = await run({ argv: [TRUE], seccomp });
     if (r.exitCode !== 0) throw new Error(`MiniSandbox run exited ${r.exitCode ?? r.signal}: ${r.stderr}`);
   };
-  return ok('MiniSandbox run()', `run({ argv: ['${TRUE}'] })`, await measure('MiniSandbox', once, o.iterations, o.warmup));
+  log(`MiniSandbox, with and without the seccomp filter: ${o.warmup} warm-up + ${o.iterations} timed runs each, ABBA`);
+  const [withFilter, without] = await timePair(o.iterations, o.warmup, once('default'), once('none'));
+  return [
+    ok('MiniSandbox run()', `run({ argv: ['${TRUE}'] })`, withFilter),
+    ok("MiniSandbox run(), seccomp 'none'", `run({ argv: ['${TRUE}'], seccomp: 'none' })`, without),
+  ];
 }
 
 async function benchBwrap(o: Options): Promise<Result> {
@@ -220,12 +230,13 @@ function verdict(label: string, num: Result, den: Result, target: number, cmp: '
 async function main(): Promise<void> {
   const o = parseArgs(process.argv.slice(2));
   const floor = await benchFloor(o);
-  const mini = await benchMiniSandbox(o);
+  const [mini, noFilter] = await benchMiniSandbox(o);
   const bwrap = await benchBwrap(o);
   const docker = await benchDocker(o);
-  const results = [floor, mini, bwrap, docker];
+  const results = [floor, mini, noFilter, bwrap, docker];
 
   const verdicts = {
+    filterCost: verdict("MiniSandbox median / MiniSandbox seccomp 'none' median", mini, noFilter, TARGET_FILTER_COST, '<='),
     minisandboxOverBwrap: verdict('MiniSandbox median / bwrap median', mini, bwrap, TARGET_VS_BWRAP, '<='),
     dockerOverMinisandbox: verdict('docker median / MiniSandbox median', docker, mini, TARGET_DOCKER_VS, '>='),
   };

@@ -66,3 +66,26 @@ export function formatTable(rows: readonly (readonly string[])[]): string {
   const rule = widths.map((w) => '-'.repeat(w)).join('  ');
   return [line(header), rule, ...body.map(line)].join('\n');
 }
+
+/**
+ * Times two variants of one operation in ABBA order (A B B A, repeated), so
+ * that drift of a shared machine falls on both alike: for ratios of the
+ * form "with X / without X" measured in one run.
+ */
+export async function timePair(n: number, warmup: number, a: () => Promise<unknown>, b: () => Promise<unknown>): Promise<[number[], number[]]> {
+  for (let i = 0; i < warmup; i++) {
+    await a();
+    await b();
+  }
+  const samples: [number[], number[]] = [[], []];
+  const timed = async (which: 0 | 1) => {
+    const t = performance.now();
+    await (which === 0 ? a() : b());
+    samples[which].push(performance.now() - t);
+  };
+  for (let i = 0; i < n; i++) {
+    const order: (0 | 1)[] = i % 2 === 0 ? [0, 1] : [1, 0];
+    for (const which of order) await timed(which);
+  }
+  return samples;
+}
