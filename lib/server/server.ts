@@ -16,7 +16,7 @@ import type { AddressInfo } from 'node:net';
 import { ConfigError } from '../sandbox/errors.js';
 import type { SandboxCreateOptions } from '../sandbox/index.js';
 import { SwerexError } from '../shell/errors.js';
-import { ApiKeyCheck, HttpError, ReplayCache, jsonReply, readBody, sendReply, type JsonReply } from './http.js';
+import { ApiKeyCheck, HttpError, authTokenProblem, ReplayCache, jsonReply, readBody, sendReply, type JsonReply } from './http.js';
 import {
   parseAction,
   parseCloseSession,
@@ -197,6 +197,8 @@ async function route(req: IncomingMessage, ctx: Context): Promise<JsonReply> {
 
 export async function startServer(options: ServerOptions): Promise<RunningServer> {
   if (typeof options.authToken !== 'string') throw new TypeError('startServer: authToken is required (use "" to disable authentication)');
+  const tokenProblem = authTokenProblem(options.authToken);
+  if (tokenProblem) throw new ConfigError(`authToken: no client could send this token: ${tokenProblem}`, 'authToken');
   const host = options.host ?? '127.0.0.1';
   const registry = new SandboxRegistry({ maxSandboxes: options.maxSandboxes, sandboxDefaults: options.sandboxDefaults });
   const auth = new ApiKeyCheck(options.authToken);
