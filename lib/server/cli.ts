@@ -4,8 +4,10 @@
  */
 import { closeSync, constants, fstatSync, openSync, readFileSync } from 'node:fs';
 import { ArgReader, UsageError } from '../cli/args.js';
-import { describeErrno } from '../sandbox/errors.js';
+import { ConfigError, describeErrno } from '../sandbox/errors.js';
 import type { Limits } from '../sandbox/index.js';
+import { parseSize } from '../sandbox/limits.js';
+import { MIN_OUTPUT_BYTES } from '../shell/index.js';
 import { authTokenProblem } from './http.js';
 import { startServer, type ServerOptions } from './server.js';
 
@@ -39,6 +41,10 @@ Options:
   --max-sandboxes N      most sandboxes alive at once (default: no limit)
   --max-body-bytes N     largest JSON request body (default 16 MiB)
   --max-upload-bytes N   largest /upload body (default 512 MiB)
+  --max-output SIZE      most output kept per request and stream (/execute's
+                         stdout and stderr each, a session run's output), as
+                         bytes or 512k, 8m (default 1m, at least 16k); past it
+                         the middle is replaced by '[... N bytes truncated ...]'
   --memory SIZE          memory limit of every sandbox (e.g. 2g)
   --pids N               process limit of every sandbox
   --cpu CORES            CPU limit of every sandbox (e.g. 1.5)
@@ -171,6 +177,18 @@ export function parseServeArgs(args: string[], env: NodeJS.ProcessEnv = process.
       case '--max-upload-bytes':
         opts.maxUploadBytes = positiveInt(arg, r.value(arg));
         break;
+      case '--max-output': {
+        const v = r.value(arg);
+        let n: number;
+        try {
+          n = parseSize(arg, v);
+        } catch (e) {
+          throw new UsageError(e instanceof ConfigError ? e.message : String(e));
+        }
+        if (n < MIN_OUTPUT_BYTES) throw new UsageError(`${arg}: ${v} is below the minimum of ${MIN_OUTPUT_BYTES} bytes (16k): a session needs room for its markers`);
+        opts.maxOutputBytes = n;
+        break;
+      }
       case '--memory':
         limits.memory = r.value(arg);
         break;

@@ -3,7 +3,7 @@
  * `model_dump()` output (every field present, discriminators included).
  */
 import { spawn, spawnSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { startServer, type RunningServer, type ServerOptions } from '../../lib/server/index.js';
 
@@ -157,6 +157,11 @@ export function startServe(args: string[], env: NodeJS.ProcessEnv = cleanEnv()):
 export function serveSync(args: string[], env: NodeJS.ProcessEnv = cleanEnv()): { status: number | null; stdout: string; stderr: string } {
   const r = spawnSync(process.execPath, [CLI, 'serve', '--port', '0', ...args], { env, encoding: 'utf8', timeout: 20_000 });
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+/** Starts a new peak: VmHWM drops to the current RSS (proc(5), clear_refs "5"). */
+export function resetPeakRss(pid: number): void {
+  writeFileSync(`/proc/${pid}/clear_refs`, '5');
 }
 
 /** Peak resident memory of a process (VmHWM), in MiB. */
