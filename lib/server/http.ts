@@ -84,6 +84,17 @@ function tooLarge(limit: number): HttpError {
 }
 
 /**
+ * Why `token` could never be matched, or null. HTTP parsers strip spaces and
+ * tabs around a header value and no client can send a line break or other
+ * control character in one: such a token would lock every client out.
+ */
+export function authTokenProblem(token: string): string | null {
+  if (/[\x00-\x08\x0a-\x1f\x7f]/.test(token)) return 'it contains a line break or another control character, which an HTTP header cannot carry';
+  if (/^[ \t]|[ \t]$/.test(token)) return 'it starts or ends with whitespace, which HTTP strips from header values';
+  return null;
+}
+
+/**
  * X-API-Key check with SWE-ReX's answers: no header 403 (FastAPI's
  * APIKeyHeader), a wrong one 401. Both sides are hashed first so the
  * comparison takes the same time whatever the key's length or content.

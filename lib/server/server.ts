@@ -16,7 +16,8 @@ import type { AddressInfo } from 'node:net';
 import { ConfigError } from '../sandbox/errors.js';
 import type { SandboxCreateOptions } from '../sandbox/index.js';
 import { SwerexError } from '../shell/errors.js';
-import { ApiKeyCheck, HttpError, ReplayCache, jsonReply, readBody, sendReply, type JsonReply } from './http.js';
+import { DEFAULT_MAX_OUTPUT_BYTES, MIN_OUTPUT_BYTES } from '../shell/index.js';
+import { ApiKeyCheck, HttpError, authTokenProblem, ReplayCache, jsonReply, readBody, sendReply, type JsonReply } from './http.js';
 import {
   parseAction,
   parseCloseSession,
@@ -51,6 +52,15 @@ export interface ServerOptions {
   maxUnzippedBytes?: number;
   /** Options every sandbox is created with; POST /sandboxes fields override them. */
   sandboxDefaults?: SandboxCreateOptions;
+  /**
+   * Most bytes of one output stream a request keeps: stdout and stderr of
+   * /execute each, the terminal output of one session run. Past it the
+   * middle is dropped for a `[... N bytes truncated ...]` marker and the
+   * command runs on. Default 1 MiB, the shell session's own default: about
+   * ten times the 100 000 characters SWE-agent shows a model, and a flood
+   * then costs the server tens of MiB. At least 16 KiB.
+   */
+  maxOutputBytes?: number;
   /** Remembered X-Request-ID replies (default 1024). */
   replayCacheEntries?: number;
 }
@@ -73,6 +83,7 @@ interface Context {
   maxBodyBytes: number;
   maxUploadBytes: number;
   zipLimits: { maxEntries: number; maxUncompressedBytes: number };
+  output: swerex.OutputLimit;
 }
 
 function methodNotAllowed(): HttpError {
@@ -127,7 +138,7 @@ async function handleSwerex(
       const body = await jsonBody(req, ctx);
       switch (endpoint) {
         case 'create_session':
-          result = await swerex.createSession(await target(), parseCreateSession(body));
+          result = await swerex.createSession(await target(), parseCreateSession(body), ctx.output);
           break;
         case 'run_in_session':
           result = await swerex.runInSession(await target(), parseAction(body));
@@ -136,7 +147,7 @@ async function handleSwerex(
           result = await swerex.closeSession(await target(), parseCloseSession(body));
           break;
         case 'execute':
-          result = await swerex.execute(await target(), parseCommand(body));
+          result = await swerex.execute(await target(), parseCommand(body), ctx.output);
           break;
         case 'read_file':
           result = await swerex.readFile(await target(), parseReadFile(body));
@@ -197,6 +208,13 @@ async function route(req: IncomingMessage, ctx: Context): Promise<JsonReply> {
 
 export async function startServer(options: ServerOptions): Promise<RunningServer> {
   if (typeof options.authToken !== 'string') throw new TypeError('startServer: authToken is required (use "" to disable authentication)');
+  const tokenProblem = authTokenProblem(options.authToken);
+  if (tokenProblem) throw new ConfigError(`authToken: no client could send this token: ${tokenProblem}`, 'authToken');
+  const maxOutputBytes = options.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES;
+  if (!Number.isSafeInteger(maxOutputBytes) || maxOutputBytes < MIN_OUTPUT_BYTES) {
+    // Below this a session's end-of-command marker may not fit in what it keeps.
+    throw new ConfigError(`maxOutputBytes: expected an integer >= ${MIN_OUTPUT_BYTES}, got ${String(options.maxOutputBytes)}`, 'maxOutputBytes');
+  }
   const host = options.host ?? '127.0.0.1';
   const registry = new SandboxRegistry({ maxSandboxes: options.maxSandboxes, sandboxDefaults: options.sandboxDefaults });
   const auth = new ApiKeyCheck(options.authToken);
@@ -207,6 +225,7 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
     maxBodyBytes: options.maxBodyBytes ?? 16 * 1024 * 1024,
     maxUploadBytes: options.maxUploadBytes ?? 512 * 1024 * 1024,
     zipLimits: { maxEntries: 100_000, maxUncompressedBytes: options.maxUnzippedBytes ?? 2 * 1024 ** 3 },
+    output: { maxOutputBytes },
   };
 
   const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {

@@ -20,6 +20,7 @@ import type {
   WriteFileRequest,
 } from './models.js';
 import { PythonError, osErrorFrom, pyDecode, pyFloat, pyRepr } from './python.js';
+import { decodeKept, execBounded } from './output.js';
 import type { ManagedSandbox } from './registry.js';
 import { BadZipError, ZipRefusedError, checkZipIsSafe, type ZipLimits } from './zip.js';
 
@@ -49,9 +50,18 @@ function observation(o: BashObservation): Record<string, unknown> {
   };
 }
 
-export async function createSession(m: ManagedSandbox, req: CreateBashSessionRequest): Promise<Record<string, unknown>> {
+/** Per request, per stream: the server's cap (ServerOptions.maxOutputBytes). */
+export interface OutputLimit {
+  maxOutputBytes: number;
+}
+
+export async function createSession(m: ManagedSandbox, req: CreateBashSessionRequest, limit: OutputLimit): Promise<Record<string, unknown>> {
   const session = await m.openSession(req.session, () =>
-    m.sandbox.shell({ startupSource: req.startup_source, startupTimeoutMs: Math.round(req.startup_timeout * 1000) }),
+    m.sandbox.shell({
+      startupSource: req.startup_source,
+      startupTimeoutMs: Math.round(req.startup_timeout * 1000),
+      maxOutputBytes: limit.maxOutputBytes,
+    }),
   );
   return { output: session.startupOutput, session_type: 'bash' };
 }
@@ -123,12 +133,12 @@ function returnCode(exitCode: number | null, signal: NodeJS.Signals | null): num
   return n !== undefined ? -n : null;
 }
 
-export async function execute(m: ManagedSandbox, cmd: Command): Promise<Record<string, unknown>> {
+export async function execute(m: ManagedSandbox, cmd: Command, limit: OutputLimit): Promise<Record<string, unknown>> {
   const { argv, wrapped } = wrappedArgv(cmd);
   const cwd = cmd.cwd === null ? undefined : posix.resolve(m.sandbox.cwd, cmd.cwd);
   let result;
   try {
-    result = await m.sandbox.exec(argv, { cwd, timeout: seconds(cmd.timeout), encoding: 'buffer' });
+    result = await execBounded(m.sandbox, argv, { cwd, timeout: seconds(cmd.timeout), maxOutputBytes: limit.maxOutputBytes });
   } catch (e) {
     if (e instanceof ExecError || (e instanceof SetupError && e.step === 'chdir')) {
       const what = e instanceof ExecError ? argv[0]! : cwd!;
@@ -137,12 +147,11 @@ export async function execute(m: ManagedSandbox, cmd: Command): Promise<Record<s
     throw e;
   }
   if (result.timedOut) throw new CommandTimeoutError(`Timeout (${pyFloat(cmd.timeout)}s) exceeded while running command`, '');
-  const stderrRaw = result.stderr;
-  if (wrapped && result.exitCode === 127 && stderrRaw.toString('latin1').trim() === NOT_FOUND_MARKER) {
+  if (wrapped && result.exitCode === 127 && result.stderr.kept().head.toString('latin1').trim() === NOT_FOUND_MARKER) {
     throw osErrorFrom('No such file or directory', commandArgv(cmd)[0]!);
   }
-  const stdout = pyDecode(result.stdout, 'utf-8', 'backslashreplace');
-  const stderr = cmd.merge_output_streams ? '' : pyDecode(stderrRaw, 'utf-8', 'backslashreplace');
+  const stdout = decodeKept(result.stdout);
+  const stderr = cmd.merge_output_streams ? '' : decodeKept(result.stderr);
   const exitCode = returnCode(result.exitCode, result.signal);
   if (cmd.check && exitCode !== 0) {
     let msg = `Command ${pyRepr(cmd.command)} failed with exit code ${exitCode}. Stdout:\n${pyRepr(stdout)}\nStderr:\n${pyRepr(stderr)}`;

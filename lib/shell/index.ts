@@ -12,4 +12,11 @@ export {
 } from './session.js';
 export { checkBashSyntax, type SyntaxCheckResult } from './syntax.js';
 export { cleanTerminalText, ansiCQuote } from './text.js';
-export { DEFAULT_MAX_OUTPUT_BYTES } from './expect.js';
+export {
+  BoundedBuffer,
+  DEFAULT_MAX_OUTPUT_BYTES,
+  MIN_OUTPUT_BYTES,
+  truncationMarker,
+  type BoundedOutputLimits,
+  type KeptOutput,
+} from './bounded.js';

@@ -13,14 +13,8 @@ import {
   SessionClosedError,
   SessionNotInitializedError,
 } from './errors.js';
-import {
-  ChannelClosedError,
-  Expecter,
-  ExpectTimeoutError,
-  type BoundedOutputLimits,
-  type ExpectMatch,
-  type Pattern,
-} from './expect.js';
+import type { BoundedOutputLimits } from './bounded.js';
+import { ChannelClosedError, Expecter, ExpectTimeoutError, type ExpectMatch, type Pattern } from './expect.js';
 import { ShellProtocol } from './protocol.js';
 import type { PtyChannel, PtyExitInfo } from './pty.js';
 import { checkBashSyntax } from './syntax.js';

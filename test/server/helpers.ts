@@ -2,6 +2,9 @@
  * Test client for the server: requests shaped like the Python client's
  * `model_dump()` output (every field present, discriminators included).
  */
+import { spawn, spawnSync } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
 import { startServer, type RunningServer, type ServerOptions } from '../../lib/server/index.js';
 
 export const TOKEN = 'test-token-' + Math.random().toString(36).slice(2);
@@ -104,4 +107,65 @@ export async function upload(url: string, form: FormData, headers: Record<string
   const t0 = performance.now();
   const r = await fetch(`${url}/upload`, { method: 'POST', body: form, headers });
   return { status: r.status, body: await r.json(), ms: performance.now() - t0 };
+}
+
+// ---- `minisandbox serve` as users run it: the built CLI in its own process
+
+const CLI = fileURLToPath(new URL('../../dist/lib/cli/main.js', import.meta.url));
+
+export interface ServeProcess {
+  url: string;
+  pid: number;
+  /** What the server wrote to stderr so far. */
+  stderr(): string;
+  /** SIGTERM, then wait for the exit (the server closes its sandboxes). */
+  stop(): Promise<void>;
+}
+
+/** Our environment without the token variable, so a test sets it only where it means to. */
+export function cleanEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv {
+  const { MINISANDBOX_AUTH_TOKEN: _, ...env } = process.env;
+  return { ...env, ...extra };
+}
+
+/** Starts `minisandbox serve --port 0 ARGS` and resolves once it listens. */
+export function startServe(args: string[], env: NodeJS.ProcessEnv = cleanEnv()): Promise<ServeProcess> {
+  const child = spawn(process.execPath, [CLI, 'serve', '--port', '0', ...args], { env, stdio: ['ignore', 'ignore', 'pipe'] });
+  let err = '';
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  return new Promise((resolve, reject) => {
+    child.stderr.on('data', (d: Buffer) => {
+      err += d.toString();
+      const m = /listening on (\S+)/.exec(err);
+      if (m) {
+        resolve({
+          url: m[1]!,
+          pid: child.pid!,
+          stderr: () => err,
+          stop: async () => {
+            child.kill('SIGTERM');
+            await exited;
+          },
+        });
+      }
+    });
+    child.once('exit', (code) => reject(new Error(`serve exited (${code}) before listening: ${err}`)));
+  });
+}
+
+/** Runs `minisandbox serve ARGS` to completion: for usage errors and --help, which return at once. */
+export function serveSync(args: string[], env: NodeJS.ProcessEnv = cleanEnv()): { status: number | null; stdout: string; stderr: string } {
+  const r = spawnSync(process.execPath, [CLI, 'serve', '--port', '0', ...args], { env, encoding: 'utf8', timeout: 20_000 });
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+/** Starts a new peak: VmHWM drops to the current RSS (proc(5), clear_refs "5"). */
+export function resetPeakRss(pid: number): void {
+  writeFileSync(`/proc/${pid}/clear_refs`, '5');
+}
+
+/** Peak resident memory of a process (VmHWM), in MiB. */
+export function peakRssMiB(pid: number): number {
+  const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  return Number(m![1]) / 1024;
 }

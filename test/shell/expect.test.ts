@@ -56,6 +56,23 @@ describe('Expecter', () => {
     expect(dropped + kept).toBe(4096 * 1000);
   });
 
+  test('cuts at character boundaries: no U+FFFD at the marker, none where head meets tail', async () => {
+    const f = fakeChannel();
+    const e = new Expecter(f.channel, { maxOutputBytes: 16 * 1024 });
+    // Nothing dropped, but 'é' straddles the head (8 KiB) and the tail.
+    f.emit('a'.repeat(8191) + 'é' + 'DONE');
+    expect((await e.expect(['DONE'])).before).toBe('a'.repeat(8191) + 'é');
+    // Both cuts would fall inside a character.
+    const text = 'a' + 'é€'.repeat(20_000);
+    f.emit(text + 'DONE');
+    const m = await e.expect(['DONE']);
+    expect(m.before).not.toContain('\ufffd');
+    const [head, tail] = m.before.split(/\n\[\.\.\. \d+ bytes truncated \.\.\.\]\n/);
+    const dropped = Number(/(\d+) bytes truncated/.exec(m.before)![1]);
+    expect(text.startsWith(head!) && text.endsWith(tail!)).toBe(true);
+    expect(Buffer.byteLength(head!) + dropped + Buffer.byteLength(tail!)).toBe(Buffer.byteLength(text));
+  });
+
   test('timeout consumes nothing; exit rejects a pending expect', async () => {
     const f = fakeChannel();
     const e = new Expecter(f.channel);
