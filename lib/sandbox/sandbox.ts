@@ -31,7 +31,7 @@ import {
 } from './plan.js';
 import { FILE_CAPABILITIES, TMPFS_SIZES, WORK_DIR } from './policy.js';
 import { SandboxProcess, callNative } from './process.js';
-import { collectResult, type RunResult } from './run.js';
+import { DEFAULT_MAX_BUFFER, collectResult, type RunResult } from './run.js';
 import { removeTree } from '../layers/fsTree.js';
 import { collectGarbage, createPrivateDir, defaultStateDir, ensureStateDir, newSandboxId } from './state.js';
 
@@ -345,11 +345,18 @@ export class Sandbox implements AsyncDisposable {
   // to somewhere the sandbox can already see. They hold FILE_CAPABILITIES,
   // so they work on any file of the sandbox, whatever its mode.
 
-  async readFile(path: string): Promise<Buffer>;
-  async readFile(path: string, encoding: BufferEncoding): Promise<string>;
-  async readFile(path: string, encoding?: BufferEncoding): Promise<Buffer | string> {
+  /**
+   * Reads a file as the sandbox sees it. A file larger than `maxBytes`
+   * (default 100 MiB) is refused rather than held in memory.
+   */
+  async readFile(path: string, opts?: { maxBytes?: number }): Promise<Buffer>;
+  async readFile(path: string, opts: BufferEncoding | { encoding: BufferEncoding; maxBytes?: number }): Promise<string>;
+  async readFile(path: string, opts?: BufferEncoding | { encoding?: BufferEncoding; maxBytes?: number }): Promise<Buffer | string> {
     const p = this.#path(path);
-    const r = await this.exec(['cat', '--', p], { encoding: 'buffer', capabilities: FILE_CAPABILITIES });
+    const { encoding, maxBytes = DEFAULT_MAX_BUFFER } = typeof opts === 'string' ? { encoding: opts } : (opts ?? {});
+    if (!Number.isSafeInteger(maxBytes) || maxBytes < 0) throw new ConfigError('maxBytes: must be a number of bytes', 'maxBytes');
+    const r = await this.exec(['cat', '--', p], { encoding: 'buffer', capabilities: FILE_CAPABILITIES, maxBuffer: maxBytes });
+    if (r.isMaxBuffer) throw new SandboxError(`readFile ${p}: larger than ${maxBytes} bytes, the most read into memory at once`);
     if (r.exitCode !== 0) throw new SandboxError(`readFile ${p}: ${r.stderr.toString().replace(/^cat: [^:]*: /, '').trim() || `exit ${r.exitCode}`}`);
     return encoding ? r.stdout.toString(encoding) : r.stdout;
   }

@@ -223,6 +223,14 @@ print(n)
     expect((await sb.exec('head -c 9M /dev/zero > /tmp/f')).stderr).toMatch(/No space left/);
   });
 
+  it('reads a file into memory only up to a bound, and says why it refuses', async () => {
+    await using sb = await Sandbox.create();
+    await sb.exec('head -c 2M /dev/zero > /work/big');
+    await expect(sb.readFile('/work/big', { maxBytes: 1024 * 1024 })).rejects.toThrow(/^readFile \/work\/big: larger than 1048576 bytes/);
+    expect((await sb.readFile('/work/big', { maxBytes: 4 * 1024 * 1024 })).length).toBe(2 * 1024 * 1024);
+    expect(await sb.readFile('/work/big', { encoding: 'latin1', maxBytes: 3 * 1024 * 1024 })).toHaveLength(2 * 1024 * 1024);
+  });
+
   it('a sandbox whose PID 1 was killed says so on the next call', async () => {
     const sb = await Sandbox.create();
     process.kill(sb.pid, 'SIGKILL');
