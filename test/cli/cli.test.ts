@@ -26,10 +26,24 @@ describe('minisandbox run', () => {
     expect(r.stderr).toContain('timed out');
   });
 
+  it('sets the seccomp filter and nesting', () => {
+    const denied = cli('run', '--seccomp-deny', 'mkdir', '--seccomp-deny', 'mkdirat', '--', 'mkdir', '/tmp/x');
+    expect(denied.status).toBe(1);
+    expect(denied.stderr).toContain('Operation not permitted');
+    expect(cli('run', '--', 'unshare', '-U', 'true').status).toBe(1);
+    const nested = cli('run', '--nesting', '--', 'unshare', '-Ur', 'id', '-u');
+    expect({ status: nested.status, stdout: nested.stdout }).toEqual({ status: 0, stdout: '0\n' });
+    expect(cli('run', '--seccomp', 'none', '--', 'grep', '-q', 'Seccomp:.0', '/proc/self/status').status).toBe(0);
+    const unknown = cli('run', '--seccomp-deny', 'nosuch', '--', 'true');
+    expect(unknown.status).toBe(125);
+    expect(unknown.stderr).toContain("seccomp.deny: unknown syscall 'nosuch'");
+    expect(cli('run', '--seccomp', 'strict', '--', 'true').stderr).toContain("--seccomp takes default or none, not 'strict'");
+  });
+
   it('explains each option in --help', () => {
     const r = cli('run', '--help');
     expect(r.status).toBe(0);
-    for (const opt of ['--ro-bind', '--bind', '--tmpfs', '--overlay', '--net', '--chdir', '--env']) expect(r.stdout).toContain(opt);
+    for (const opt of ['--ro-bind', '--bind', '--tmpfs', '--overlay', '--net', '--chdir', '--env', '--seccomp', '--nesting']) expect(r.stdout).toContain(opt);
   });
 
   it('gives clear errors for bad usage and bad sandboxes', () => {

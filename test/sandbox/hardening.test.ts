@@ -58,6 +58,15 @@ describe('the sandbox root is not the host root', () => {
     }
   });
 
+  it.skipIf(!isRoot)('as root: a filesystem that cannot be idmapped is bound as it is, and the sandbox says so', async () => {
+    // sysfs does not take id mappings.
+    await using sb = await Sandbox.create({ mounts: [{ type: 'bind', source: '/sys/kernel', target: '/k', readOnly: true }] });
+    expect(sb.isolation.notIdmapped).toEqual(['ro-bind /sys/kernel -> /k: EINVAL (invalid argument)']);
+    // Root's files there show as nobody's, and stay unwritable.
+    const r = await sb.exec('stat -c %u /k; touch /k/x 2>&1; echo rc=$?', { capabilities: FILE_CAPABILITIES });
+    expect(r.stdout).toMatch(/^65534\n.*\nrc=1\n$/s);
+  });
+
   it.skipIf(isRoot)('as a user: the sandbox root is the caller and nobody else', async () => {
     await using sb = await Sandbox.create();
     expect(sb.isolation.uidMap).toBe(`0 ${process.getuid!()} 1`);

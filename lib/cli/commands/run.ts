@@ -44,6 +44,12 @@ Process:
   --net none|host        No network but loopback (default), or the host's
   --pty                  Run on a new pseudo-terminal, relayed to this one
   --timeout SECONDS      Kill the whole sandbox after SECONDS
+
+Security:
+  --seccomp default|none The syscall filter (default: Docker's default profile)
+  --seccomp-deny NAME    Refuse syscall NAME too (EPERM); repeatable
+  --seccomp-allow NAME   Let syscall NAME through though the defaults refuse it
+  --nesting              Allow user namespaces inside (bwrap, podman, unshare -r)
   -h, --help             This help
 `;
 
@@ -168,6 +174,24 @@ export function parseRunArgs(argv: string[]): SpawnOptions | 'help' {
       }
       case '--pty':
         opts.pty = { cols: process.stdout.columns ?? 80, rows: process.stdout.rows ?? 24 };
+        break;
+      case '--seccomp': {
+        const v = r.value(a);
+        if (v !== 'default' && v !== 'none') throw new UsageError(`--seccomp takes default or none, not '${v}'`);
+        if (typeof opts.seccomp === 'object') throw new UsageError('--seccomp cannot be combined with --seccomp-deny or --seccomp-allow');
+        opts.seccomp = v;
+        break;
+      }
+      case '--seccomp-deny':
+      case '--seccomp-allow': {
+        if (typeof opts.seccomp === 'string') throw new UsageError(`${a} cannot be combined with --seccomp ${opts.seccomp}`);
+        const policy = (opts.seccomp ??= {}) as { deny?: string[]; allow?: string[] };
+        const key = a === '--seccomp-deny' ? 'deny' : 'allow';
+        policy[key] = [...(policy[key] ?? []), r.value(a)];
+        break;
+      }
+      case '--nesting':
+        opts.nesting = true;
         break;
       case '--timeout': {
         const s = Number(r.value(a));
