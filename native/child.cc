@@ -38,7 +38,6 @@
 #include <termios.h>
 #include <unistd.h>
 
-#include <grp.h>
 
 #include <climits>
 
@@ -766,10 +765,10 @@ void DieWithParent(int owner_pidfd) {
 void SetIds(uint32_t uid, uint32_t gid, bool keep_caps, Step gid_step, Step uid_step) {
   // setgroups is denied in unprivileged user namespaces; then the
   // supplementary groups are already empty of anything mapped.
-  if (setgroups(0, nullptr) < 0 && errno != EPERM) Fail(Step::Setgroups);
+  if (sys::setgroups_none() < 0 && errno != EPERM) Fail(Step::Setgroups);
   if (keep_caps) prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0);
-  if (setresgid(gid, gid, gid) < 0) Fail(gid_step);
-  if (setresuid(uid, uid, uid) < 0) Fail(uid_step);
+  if (sys::setresgid(gid) < 0) Fail(gid_step);
+  if (sys::setresuid(uid) < 0) Fail(uid_step);
 }
 
 [[noreturn]] void ExecMain(const Plan& plan, const ChildFds& fds) {

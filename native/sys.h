@@ -41,6 +41,12 @@ inline int close_range(unsigned first, unsigned last, unsigned flags) {
 inline int statx(int dirfd, const char* path, int flags, unsigned mask, struct statx* buf) {
   return static_cast<int>(syscall(SYS_statx, dirfd, path, flags, mask, buf));
 }
+// The raw id syscalls: glibc's wrappers broadcast the change to every thread
+// the process had (__nptl_setxid), which in a clone of multithreaded Node
+// means signalling threads that exist only in the parent.
+inline int setgroups_none() { return static_cast<int>(syscall(SYS_setgroups, 0, nullptr)); }
+inline int setresgid(gid_t gid) { return static_cast<int>(syscall(SYS_setresgid, gid, gid, gid)); }
+inline int setresuid(uid_t uid) { return static_cast<int>(syscall(SYS_setresuid, uid, uid, uid)); }
 inline int pidfd_send_signal(int pidfd, int sig) {
   return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
 }

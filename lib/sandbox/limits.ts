@@ -111,7 +111,7 @@ export class SandboxLimits {
 
   constructor(id: string, limits: Limits = {}) {
     const memory = limits.memory !== undefined ? parseSize('limits.memory', limits.memory) : null;
-    const pids = limits.pids === undefined ? DEFAULT_PIDS : limits.pids;
+    const pids = limits.pids ?? null;
     const cpu = limits.cpu ?? null;
     if (pids !== null && (!Number.isInteger(pids) || pids < 1)) throw new ConfigError('limits.pids: must be a positive integer, or null for no limit', 'limits.pids');
     if (cpu !== null && !(cpu > 0)) throw new ConfigError('limits.cpu: must be a positive number of cores', 'limits.cpu');
@@ -123,6 +123,13 @@ export class SandboxLimits {
       tmpfs: {},
       disk: { limit: null, enforcedBy: 'none', note: 'not bounded: this filesystem has no per-directory quota for the sandbox to use' },
     };
+    if (limits.pids === undefined) {
+      // The default cap is an rlimit even where a cgroup could hold it: on
+      // cgroup v1 every command would pay a migration into the cgroup
+      // (milliseconds), a cost only a limit the caller asked for is worth.
+      this.rlimits.nproc = DEFAULT_PIDS;
+      this.report.pids = { limit: DEFAULT_PIDS, enforcedBy: 'rlimit', note: 'the default: RLIMIT_NPROC, counted for the sandbox user in its own user namespace' };
+    }
     if (memory === null && pids === null && cpu === null) return;
 
     const isRoot = process.getuid?.() === 0;

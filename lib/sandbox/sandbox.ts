@@ -454,7 +454,7 @@ export class Sandbox implements AsyncDisposable {
   async killAll(): Promise<void> {
     const sessions = [...this.#sessions.values()];
     this.#sessions.clear();
-    this.#init.kill(native.killAllSignal);
+    if (this.#init.kill(native.killAllSignal)) await initHandled(this.pid, native.killAllSignal);
     await Promise.all([...this.#running].map((p) => p.exited.catch(() => {})));
     await Promise.all(sessions.map((s) => s.close().catch(() => {})));
   }
@@ -480,6 +480,29 @@ export class Sandbox implements AsyncDisposable {
 
   async [Symbol.asyncDispose](): Promise<void> {
     await this.close();
+  }
+}
+
+/**
+ * Resolves once the sandbox's PID 1 has handled `signo`: no longer pending,
+ * and PID 1 asleep again in its only blocking call (sigwaitinfo), so its
+ * work for it (kill(-1) for the kill-all signal) is done and cannot hit a
+ * command started after. PID 1 is busy for long only after a fork bomb.
+ */
+async function initHandled(pid: number, signo: number): Promise<void> {
+  const bit = 1n << BigInt(signo - 1);
+  const deadline = Date.now() + 10_000;
+  while (Date.now() < deadline) {
+    let status: string;
+    try {
+      status = readFileSync(`/proc/${pid}/status`, 'utf8');
+    } catch {
+      return; // gone
+    }
+    const field = (name: string) => BigInt('0x' + (new RegExp(`^${name}:\\s*([0-9a-f]+)`, 'm').exec(status)?.[1] ?? '0'));
+    const pending = (field('ShdPnd') | field('SigPnd')) & bit;
+    if (!pending && /^State:\s*S/m.test(status)) return;
+    await new Promise((r) => setTimeout(r, 1));
   }
 }
 
