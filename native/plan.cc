@@ -57,6 +57,16 @@ struct Reader {
     return true;
   }
 
+  // An optional { uid, gid } object; `set` tells whether it was there.
+  bool Ids(const Napi::Object& o, const char* key, uint32_t& uid, uint32_t& gid, bool& set) {
+    Napi::Value v = o.Get(key);
+    if (v.IsUndefined()) return true;
+    if (!v.IsObject()) return Fail(std::string("plan.") + key + " must be { uid, gid }");
+    Napi::Object ids = v.As<Napi::Object>();
+    set = true;
+    return U32(ids, "uid", uid) && U32(ids, "gid", gid);
+  }
+
   bool StrList(const Napi::Object& o, const char* key, std::vector<std::string>& out) {
     Napi::Value v = o.Get(key);
     if (v.IsUndefined()) return true;
@@ -206,12 +216,9 @@ bool ReadPlan(const Napi::Object& o, Plan& plan, std::string& error) {
   if (!plan.hold && plan.argv.empty()) return error = "plan.argv must not be empty", false;
   if (!plan.hold && plan.exec_candidates.empty()) return error = "plan.execCandidates must not be empty", false;
 
-  Napi::Value init = o.Get("initUser");
-  if (init.IsObject()) {
-    Napi::Object u = init.As<Napi::Object>();
-    if (!r.U32(u, "uid", plan.init_uid) || !r.U32(u, "gid", plan.init_gid)) return error = r.error, false;
-    plan.init_ids = true;
-  }
+  if (!r.Ids(o, "initUser", plan.init_uid, plan.init_gid, plan.init_ids) ||
+      !r.Ids(o, "user", plan.uid, plan.gid, plan.set_ids))
+    return error = r.error, false;
 
   Napi::Value filter = o.Get("seccomp");
   if (filter.IsBuffer()) {
@@ -222,13 +229,6 @@ bool ReadPlan(const Napi::Object& o, Plan& plan, std::string& error) {
     plan.seccomp.assign(b.Data(), b.Length());
   } else if (!filter.IsUndefined()) {
     return error = "plan.seccomp must be a Buffer", false;
-  }
-
-  Napi::Value ids = o.Get("user");
-  if (ids.IsObject()) {
-    Napi::Object u = ids.As<Napi::Object>();
-    if (!r.U32(u, "uid", plan.uid) || !r.U32(u, "gid", plan.gid)) return error = r.error, false;
-    plan.set_ids = true;
   }
 
   Napi::Value caps = o.Get("keepCaps");
