@@ -334,6 +334,9 @@ export class ShellSession {
     const expects = o.expect ?? [];
     const patterns = [...expects.map(toPattern), this.protocol.anyPrompt()];
     let output = '';
+    // A command may have stopped the shell itself (kill -STOP $$): no
+    // Ctrl-C reaches a stopped shell, so it is continued first.
+    this.channel.kill('SIGCONT');
     for (let i = 0; i < retries; i++) {
       this.channel.write('\x03');
       try {

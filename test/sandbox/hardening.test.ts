@@ -121,6 +121,18 @@ describe('timeouts the sandbox cannot stop', () => {
     expect(ps.exitCode).toBe(0);
   });
 
+  it('a session command that stops its own shell times out, and an interrupt brings the session back', async () => {
+    await using sb = await Sandbox.create();
+    const sh = await sb.shell();
+    for (const attack of ['kill -STOP $$', 'kill -STOP $PPID']) {
+      const started = performance.now();
+      await expect(sh.run(attack, { timeoutMs: 1000 })).rejects.toThrow(/timeout after 1 seconds/);
+      expect(performance.now() - started).toBeLessThan(10_000);
+      await sh.interrupt();
+      expect((await sh.run('echo alive', { timeoutMs: 5000 })).output).toBe('alive\n');
+    }
+  });
+
   it('a command that kills its own process group ends, and says so', async () => {
     await using sb = await Sandbox.create();
     const r = await sb.exec('kill -KILL $PPID; sleep 1000', { timeout: 5000 });
