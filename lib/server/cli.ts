@@ -48,7 +48,9 @@ Options:
   --memory SIZE          memory limit of every sandbox (e.g. 2g)
   --pids N               process limit of every sandbox
   --cpu CORES            CPU limit of every sandbox (e.g. 1.5)
-  --network none|host    network of every sandbox (default none)`;
+  --network none|host    network of every sandbox (default none)
+  --quiet                no log line per request (time, method, path, status,
+                         duration) on stderr`;
 
 /** Where the token came from: the CLI hides an --auth-token value from ps. */
 export type TokenSource = '--auth-token' | '--auth-token-file' | typeof AUTH_TOKEN_ENV;
@@ -150,6 +152,7 @@ export function parseServeArgs(args: string[], env: NodeJS.ProcessEnv = process.
   const opts: Omit<ServerOptions, 'authToken'> = {};
   const limits: Limits = {};
   let network: 'none' | 'host' | undefined;
+  let quiet = false;
   while (!r.done) {
     const arg = r.next();
     switch (arg) {
@@ -208,11 +211,15 @@ export function parseServeArgs(args: string[], env: NodeJS.ProcessEnv = process.
         network = v;
         break;
       }
+      case '--quiet':
+        quiet = true;
+        break;
       default:
         throw new UsageError(`unknown option '${arg}'`);
     }
   }
   const { token: authToken, source: tokenSource } = resolveToken(flagToken, tokenFile, fromEnv);
+  if (!quiet) opts.log = (line) => process.stderr.write(`${line}\n`);
   const sandboxDefaults = { ...(Object.keys(limits).length ? { limits } : {}), ...(network ? { network } : {}) };
   return { options: { ...opts, authToken, sandboxDefaults }, tokenSource };
 }

@@ -63,6 +63,11 @@ export interface ServerOptions {
   maxOutputBytes?: number;
   /** Remembered X-Request-ID replies (default 1024). */
   replayCacheEntries?: number;
+  /**
+   * Called with one line per request once it is answered: time, method,
+   * path, status, duration (`serve` writes them to stderr). Default: none.
+   */
+  log?: (line: string) => void;
 }
 
 export interface RunningServer {
@@ -229,6 +234,7 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
   };
 
   const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
+    const started = performance.now();
     let reply: JsonReply;
     try {
       auth.verify(req);
@@ -246,6 +252,7 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
       reply = errorReply(e);
     }
     sendReply(res, reply);
+    options.log?.(`${new Date().toISOString()} ${req.method ?? '-'} ${req.url ?? '-'} ${reply.status} ${(performance.now() - started).toFixed(1)}ms`);
   };
 
   const server: Server = createServer({ requestTimeout: 60 * 60 * 1000 }, (req, res) => void handle(req, res));

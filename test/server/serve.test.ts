@@ -5,7 +5,7 @@
 import { chmodSync, chownSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { isRoot, tempDir } from '../helpers.js';
+import { isRoot, tempDir, waitFor } from '../helpers.js';
 import { bashAction, call, cleanEnv, commandReq, createSessionReq, post, serveSync, startServe, type ServeProcess } from './helpers.js';
 
 const dir = tempDir('msbx-serve-test-');
@@ -199,5 +199,35 @@ describe('minisandbox serve: the auth token', () => {
     expect(r.status).toBe(0);
     for (const source of ['--auth-token-file FILE', 'MINISANDBOX_AUTH_TOKEN', '--auth-token TOKEN']) expect(r.stdout).toContain(source);
     expect(r.stdout).toContain('Prefer the file or the variable');
+  });
+});
+
+describe('the request log', () => {
+  it('writes one line per request: time, method, path, status, duration; --quiet writes none', async () => {
+    const token = newToken();
+    const s = await startServe(['--auth-token-file', tokenFile(token)]);
+    try {
+      await call(`${s.url}/is_alive`, 'GET', undefined, { 'x-api-key': token });
+      await call(`${s.url}/no/such/route`, 'GET', undefined, { 'x-api-key': token });
+      await call(`${s.url}/is_alive`, 'GET', undefined, { 'x-api-key': 'wrong' });
+      const logged = () => s.stderr().split('\n').filter((l) => / \/(is_alive|no\/such\/route) /.test(l));
+      // The line follows the reply: it may reach us just after it.
+      await waitFor(() => logged().length === 3);
+      const lines = logged();
+      expect(lines).toHaveLength(3);
+      expect(lines[0]).toMatch(/^\d{4}-\d\d-\d\dT[\d:.]+Z GET \/is_alive 200 \d+\.\dms$/);
+      expect(lines[1]).toMatch(/ GET \/no\/such\/route 404 /);
+      expect(lines[2]).toMatch(/ GET \/is_alive 401 /);
+      expect(s.stderr()).not.toContain(token);
+    } finally {
+      await s.stop();
+    }
+    const quiet = await startServe(['--auth-token-file', tokenFile(token), '--quiet']);
+    try {
+      await call(`${quiet.url}/is_alive`, 'GET', undefined, { 'x-api-key': token });
+      expect(quiet.stderr()).not.toMatch(/ GET \/is_alive /);
+    } finally {
+      await quiet.stop();
+    }
   });
 });
