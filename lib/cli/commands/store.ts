@@ -39,7 +39,8 @@ async function layerUsers(store: LayerStore): Promise<Map<string, string[]>> {
     add(env.venv.digest, `${label} venv`);
     if (env.repo) add(env.repo.digest, `${label} repo`);
   }
-  for (const { kind, ref } of listRefs(store)) add(ref.digest, `prepare ${kind} ${ref.description}`);
+  // A ref's description names its kind already ("repo owner/name@commit").
+  for (const { ref } of listRefs(store)) add(ref.digest, `prepared ${ref.description}`);
   return users;
 }
 
@@ -116,7 +117,7 @@ export async function storeCommand(args: string[]): Promise<number> {
     }
     case 'du': {
       const du = await store.du();
-      print(du, `${du.layers} layers, ${du.objects} shared file objects\napparent ${mib(du.apparentBytes)}, on disk ${mib(du.diskBytes)} (${mib(du.undedupedDiskBytes)} without deduplication: ${mib(du.savedBytes)} saved)\nstore: ${store.root}\n`);
+      print(du, `${du.layers} layers, ${du.objects} shared file objects\napparent ${mib(du.apparentBytes)}, on disk ${mib(du.diskBytes)}; deduplication saves ${mib(du.savedBytes)} (files stored once for every layer that holds them)\nstore: ${store.root}\n`);
       return 0;
     }
     case 'gc': {
