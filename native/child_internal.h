@@ -18,6 +18,14 @@
 
 namespace msbx::child {
 
+// The base tmpfs: the child's root while the sandbox's root is assembled
+// (SetUpFilesystem). The names are relative to the base's root, which is the
+// child's cwd from the moment the base is mounted until the pivot out of it.
+constexpr char kBaseNewRoot[] = "newroot";  // the sandbox's root, assembled here
+constexpr char kBaseOldRoot[] = "oldroot";  // the host's root, until detached
+constexpr char kBaseLayers[] = ".o";        // an overlay's layers: /.o/<op>/l<i>, /.o/<op>/u
+constexpr char kBaseMasked[] = "masked";    // the empty read-only file a mask-file op binds
+
 // The error pipe (ChildFds::err_write); a global so that every step can
 // report without threading it through. Set by StartChild, moved above the
 // command's fds by WireFds; each child is single-threaded.

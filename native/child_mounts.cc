@@ -276,11 +276,13 @@ void AttachLayer(int tree, const char* at, int op) {
   close(tree);
 }
 
-// "/.o/<op>" then `leaf` and `num` (if >= 0) into buf.
+// "/.o/<op>" then `leaf` and `num` (if >= 0) into buf: absolute, since the
+// overlay's options show these paths.
 void LayerPath(char* buf, size_t cap, int op, const char* leaf, long num) {
   size_t len = 0;
   buf[0] = 0;
-  bool ok = Append(buf, cap, len, "/.o/") && AppendNum(buf, cap, len, static_cast<unsigned long>(op));
+  bool ok = Append(buf, cap, len, "/") && Append(buf, cap, len, kBaseLayers) && Append(buf, cap, len, "/") &&
+            AppendNum(buf, cap, len, static_cast<unsigned long>(op));
   if (ok && leaf) ok = Append(buf, cap, len, "/") && Append(buf, cap, len, leaf);
   if (ok && num >= 0) ok = AppendNum(buf, cap, len, static_cast<unsigned long>(num));
   if (!ok) {
@@ -295,7 +297,7 @@ void LayerPath(char* buf, size_t cap, int op, const char* leaf, long num) {
 // parent made with the sandbox's id mapping.
 void DoOverlay(const MountOp& m, int op, int rootfd, int oldrootfd) {
   char path[64];
-  if (mkdir("/.o", 0700) < 0 && errno != EEXIST) Fail(Step::OpMount, op);
+  if (mkdir(kBaseLayers, 0700) < 0 && errno != EEXIST) Fail(Step::OpMount, op);
   LayerPath(path, sizeof path, op, nullptr, -1);
   if (mkdir(path, 0700) < 0) Fail(Step::OpMount, op);
   bool in_parent = m.flags & OP_CLONE_IN_PARENT;
@@ -433,7 +435,7 @@ void DoMaskFile(const MountOp& m, int op, int rootfd) {
   }
   // An empty read-only file of the base tmpfs, so masking works with or
   // without a /dev in the new root.
-  int null_fd = open("/masked", O_PATH | O_CLOEXEC);
+  int null_fd = open(kBaseMasked, O_PATH | O_CLOEXEC);
   if (null_fd < 0) Fail(Step::OpSource, op);
   int tree = sys::open_tree(null_fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
   if (tree < 0) Fail(Step::OpMount, op);
@@ -492,17 +494,17 @@ void SetUpFilesystem(const Plan& plan) {
   // tmpfs covers only until the pivot moves it) and the final root is
   // assembled at /newroot.
   if (mount("tmpfs", "/tmp", "tmpfs", MS_NODEV | MS_NOSUID, "mode=0755") < 0) Fail(Step::BaseTmpfs);
-  if (chdir("/tmp") < 0 || mkdir("newroot", 0755) < 0 || mkdir("oldroot", 0755) < 0)
+  if (chdir("/tmp") < 0 || mkdir(kBaseNewRoot, 0755) < 0 || mkdir(kBaseOldRoot, 0755) < 0)
     Fail(Step::BaseTmpfs);
-  if (sys::pivot_root(".", "oldroot") < 0) Fail(Step::PivotToBase);
+  if (sys::pivot_root(".", kBaseOldRoot) < 0) Fail(Step::PivotToBase);
   if (chdir("/") < 0) Fail(Step::PivotToBase);
-  int masked = open("masked", O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0444);
+  int masked = open(kBaseMasked, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0444);
   if (masked < 0) Fail(Step::BaseTmpfs);
   close(masked);
   // pivot_root() needs the new root to be a mount point.
-  if (mount("newroot", "newroot", nullptr, MS_BIND | MS_REC, nullptr) < 0) Fail(Step::NewRootMount);
+  if (mount(kBaseNewRoot, kBaseNewRoot, nullptr, MS_BIND | MS_REC, nullptr) < 0) Fail(Step::NewRootMount);
 
-  int oldrootfd = open("/oldroot", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  int oldrootfd = open(kBaseOldRoot, O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (oldrootfd < 0) Fail(Step::OpenOldRoot);
   int rootfd = -1;
   // The prepared prefix (the host root) first, then the plan's own ops; an
@@ -513,7 +515,7 @@ void SetUpFilesystem(const Plan& plan) {
     // A mount stacked on "/" is only seen through a fresh lookup of
     // /newroot: reopen after one (and before the first op).
     if (rootfd < 0) {
-      rootfd = open("/newroot", O_PATH | O_DIRECTORY | O_CLOEXEC);
+      rootfd = open(kBaseNewRoot, O_PATH | O_DIRECTORY | O_CLOEXEC);
       if (rootfd < 0) Fail(Step::NewRootMount, static_cast<int>(i));
     }
     RunOp(m, static_cast<int>(i), rootfd, oldrootfd);
@@ -526,7 +528,7 @@ void SetUpFilesystem(const Plan& plan) {
   close(oldrootfd);
 
   if (plan.root_readonly) {
-    int rootfd = open("/newroot", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    int rootfd = open(kBaseNewRoot, O_PATH | O_DIRECTORY | O_CLOEXEC);
     struct mount_attr attr;
     memset(&attr, 0, sizeof attr);
     attr.attr_set = MOUNT_ATTR_RDONLY;
@@ -536,10 +538,10 @@ void SetUpFilesystem(const Plan& plan) {
   }
 
   // Private before unmounting, or the unmount would propagate to the host.
-  if (mount("oldroot", "oldroot", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0) Fail(Step::DetachOldRoot);
-  if (umount2("oldroot", MNT_DETACH) < 0) Fail(Step::DetachOldRoot);
+  if (mount(kBaseOldRoot, kBaseOldRoot, nullptr, MS_REC | MS_PRIVATE, nullptr) < 0) Fail(Step::DetachOldRoot);
+  if (umount2(kBaseOldRoot, MNT_DETACH) < 0) Fail(Step::DetachOldRoot);
 
-  if (chdir("/newroot") < 0) Fail(Step::PivotRoot);
+  if (chdir(kBaseNewRoot) < 0) Fail(Step::PivotRoot);
   if (plan.pivot) {
     // pivot_root(".", ".") stacks the old root under the new one; unmounting
     // "." then drops it, leaving no path back to the base tmpfs.
