@@ -33,20 +33,11 @@
 
 namespace msbx {
 
-const char* const kStepNames[] = {
-    "wait-parent",     "signal-reset",  "hostname",      "loopback",
-    "propagation",     "base-tmpfs",    "pivot-to-base", "open-old-root",
-    "new-root-mount",  "op-source",     "op-target",     "op-mount",
-    "op-symlink",      "op-write-file", "op-remount",    "root-readonly",
-    "detach-old-root", "pivot-root",    "chroot",        "fork-init",
-    "new-session",     "controlling-tty", "fds",         "rlimit",
-    "setgroups",       "setgid",        "setuid",        "capabilities",
-    "no-new-privs",    "chdir",         "exec",          "death-signal",
-    "pty",             "setns",         "monitor",       "init-ids",
-    "cgroup-join",     "seccomp",
+const char* const kStepNames[static_cast<size_t>(Step::Count)] = {
+#define MSBX_STEP_NAME(id, name) name,
+    MSBX_CHILD_STEPS(MSBX_STEP_NAME)
+#undef MSBX_STEP_NAME
 };
-static_assert(sizeof(kStepNames) / sizeof(kStepNames[0]) == static_cast<size_t>(Step::Count),
-              "kStepNames must name every Step");
 
 namespace child {
 
