@@ -84,41 +84,6 @@ std::string CloneHint(int err) {
   }
 }
 
-// stdio entry: "pipe" | "null" | "pty" | fd number to inherit.
-// Fills the child's source fd and, for pipes, the parent's end.
-bool WireStdio(Napi::Value spec, int target, bool pty, FdSet& owned, FdSet& child_only,
-               Plan& plan, int& parent_end, std::string& error) {
-  parent_end = -1;
-  int source = -1;
-  if (spec.IsNumber()) {
-    source = spec.As<Napi::Number>().Int32Value();
-    if (fcntl(source, F_GETFD) < 0) return error = "stdio[" + std::to_string(target) + "]: fd " + std::to_string(source) + " is not open", false;
-  } else if (spec.IsString()) {
-    std::string s = spec.As<Napi::String>().Utf8Value();
-    if (s == "pipe") {
-      int p[2];
-      if (pipe2(p, O_CLOEXEC) < 0) return error = ErrnoText("pipe2", errno), false;
-      bool in = target == 0;
-      parent_end = owned.Add(in ? p[1] : p[0]);
-      source = child_only.Add(in ? p[0] : p[1]);
-    } else if (s == "null") {
-      source = child_only.Add(open("/dev/null", O_RDWR | O_CLOEXEC));
-      if (source < 0) return error = ErrnoText("open /dev/null", errno), false;
-    } else if (s == "pty") {
-      if (!pty) return error = "stdio 'pty' needs plan.pty", false;
-      source = kPtySlave;
-    } else {
-      return error = "stdio[" + std::to_string(target) + "]: unknown value '" + s + "'", false;
-    }
-  } else {
-    return error = "stdio entries must be 'pipe', 'null', 'pty' or an fd number", false;
-  }
-  plan.fds.push_back({target, source});
-  return true;
-}
-
-// What Spawn and Enter share: the plan, stdio, extra fds, the terminal
-// socket and the pipes between parent and child.
 // Spare stacks for the child's CLONE_VM children; the parent's mapping is
 // dropped after clone (the child has its own copy-on-write one).
 struct Stacks {
@@ -135,6 +100,8 @@ struct Stacks {
   char* b() const { return base + 2 * kChildStackSize; }
 };
 
+// What Spawn and Enter share: the plan, the fds it asks for, the terminal
+// socket and the pipes between parent and child.
 struct Prepared {
   Plan plan;
   Stacks stacks;
@@ -147,6 +114,42 @@ struct Prepared {
   // Sources cloned here that the kernel could not idmap: {op index, errno}.
   std::vector<std::pair<int, int>> idmap_fallbacks;
 };
+
+// Makes what plan.stdio[target] asks for and wires it to the child's fd
+// `target`: the child's end of a pipe (the parent's end is the result's
+// stdin, stdout or stderr), /dev/null, the terminal, or the caller's fd.
+bool WireStdio(Napi::Env env, Prepared& p, int target, std::vector<FdMapping>& out) {
+  const Stdio& s = p.plan.stdio[target];
+  int source = -1;
+  switch (s.kind) {
+    case Stdio::Kind::Fd:
+      source = s.fd;
+      break;
+    case Stdio::Kind::Pty:
+      source = kPtySlave;
+      break;
+    case Stdio::Kind::Null:
+      source = p.child_only.Add(open("/dev/null", O_RDWR | O_CLOEXEC));
+      if (source < 0) {
+        SysError(env, "opening /dev/null for the sandbox's fd " + std::to_string(target), errno).ThrowAsJavaScriptException();
+        return false;
+      }
+      break;
+    case Stdio::Kind::Pipe: {
+      int ends[2];
+      if (pipe2(ends, O_CLOEXEC) < 0) {
+        SysError(env, "pipe2 for the sandbox's fd " + std::to_string(target), errno).ThrowAsJavaScriptException();
+        return false;
+      }
+      bool in = target == 0;
+      p.parent_ends[target] = p.owned.Add(in ? ends[1] : ends[0]);
+      source = p.child_only.Add(in ? ends[0] : ends[1]);
+      break;
+    }
+  }
+  out.push_back({target, source});
+  return true;
+}
 
 // Node's own pidfd, inherited by every child: polled after a credential
 // change to learn whether Node died meanwhile (see DieWithParent).
@@ -275,48 +278,15 @@ bool Prepare(Napi::Env env, const Napi::Object& obj, Prepared& p, bool enter) {
     }
     p.owned.Add(p.pty_sock[0]);
     p.child_only.Add(p.pty_sock[1]);
-    Napi::Object t = obj.Get("pty").As<Napi::Object>();
-    if (t.Get("cols").IsNumber()) plan.pty_cols = static_cast<uint16_t>(t.Get("cols").As<Napi::Number>().Uint32Value());
-    if (t.Get("rows").IsNumber()) plan.pty_rows = static_cast<uint16_t>(t.Get("rows").As<Napi::Number>().Uint32Value());
   }
   if (!plan.hold) {
-    Napi::Value stdio_v = obj.Get("stdio");
-    if (!stdio_v.IsArray() || stdio_v.As<Napi::Array>().Length() != 3) {
-      Napi::TypeError::New(env, "plan.stdio must be an array of three entries").ThrowAsJavaScriptException();
-      return false;
-    }
-    Napi::Array stdio = stdio_v.As<Napi::Array>();
+    // The streams (fds 0-2) go in front of the extra fds (3-255), so that
+    // plan.fds stays sorted by target.
+    std::vector<FdMapping> streams;
     for (int i = 0; i < 3; i++) {
-      if (!WireStdio(stdio.Get(i), i, plan.pty, p.owned, p.child_only, plan, p.parent_ends[i], error)) {
-        Napi::TypeError::New(env, error).ThrowAsJavaScriptException();
-        return false;
-      }
+      if (!WireStdio(env, p, i, streams)) return false;
     }
-  }
-  Napi::Value extra = obj.Get("extraFds");
-  if (extra.IsArray()) {
-    Napi::Array a = extra.As<Napi::Array>();
-    for (uint32_t i = 0; i < a.Length(); i++) {
-      Napi::Value e = a.Get(i);
-      if (!e.IsObject() || !e.As<Napi::Object>().Get("target").IsNumber() || !e.As<Napi::Object>().Get("fd").IsNumber()) {
-        Napi::TypeError::New(env, "plan.extraFds entries need numeric target and fd").ThrowAsJavaScriptException();
-        return false;
-      }
-      int target = e.As<Napi::Object>().Get("target").As<Napi::Number>().Int32Value();
-      int fd = e.As<Napi::Object>().Get("fd").As<Napi::Number>().Int32Value();
-      if (target < 3 || target > 255 || fcntl(fd, F_GETFD) < 0) {
-        Napi::TypeError::New(env, "plan.extraFds: target must be 3..255 and fd open").ThrowAsJavaScriptException();
-        return false;
-      }
-      plan.fds.push_back({target, fd});
-    }
-  }
-  std::sort(plan.fds.begin(), plan.fds.end(), [](const FdMapping& a, const FdMapping& b) { return a.target < b.target; });
-  for (size_t i = 1; i < plan.fds.size(); i++) {
-    if (plan.fds[i].target == plan.fds[i - 1].target) {
-      Napi::TypeError::New(env, "plan: fd " + std::to_string(plan.fds[i].target) + " is wired twice").ThrowAsJavaScriptException();
-      return false;
-    }
+    plan.fds.insert(plan.fds.begin(), streams.begin(), streams.end());
   }
   plan.finalize();
   for (const std::string& procs : plan.cgroup_procs) {
