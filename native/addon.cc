@@ -84,27 +84,27 @@ std::string CloneHint(int err) {
   }
 }
 
-// Spare stacks for the child's CLONE_VM children; the parent's mapping is
-// dropped after clone (the child has its own copy-on-write one).
-struct Stacks {
+// The spare stack for the child's main process (ChildFds::main_stack); the
+// parent's mapping is dropped after clone (the child has its own
+// copy-on-write one).
+struct Stack {
   char* base = nullptr;
-  Stacks() {
-    void* p = mmap(nullptr, 2 * kChildStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  Stack() {
+    void* p = mmap(nullptr, kChildStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
     base = p == MAP_FAILED ? nullptr : static_cast<char*>(p);
   }
-  ~Stacks() {
-    if (base) munmap(base, 2 * kChildStackSize);
+  ~Stack() {
+    if (base) munmap(base, kChildStackSize);
   }
-  // Stacks grow down: hand out the top end of each half.
-  char* a() const { return base + kChildStackSize; }
-  char* b() const { return base + 2 * kChildStackSize; }
+  // Stacks grow down: hand out the top end.
+  char* top() const { return base + kChildStackSize; }
 };
 
 // What Spawn and Enter share: the plan, the fds it asks for, the terminal
 // socket and the pipes between parent and child.
 struct Prepared {
   Plan plan;
-  Stacks stacks;
+  Stack stack;
   FdSet owned;       // parent ends, released into the result
   FdSet child_only;  // child ends, closed in the parent after clone
   int parent_ends[3] = {-1, -1, -1};
@@ -297,8 +297,8 @@ bool Prepare(Napi::Env env, const Napi::Object& obj, Prepared& p, bool enter) {
     }
     plan.cgroup_fds.push_back(p.child_only.Add(fd));
   }
-  if (!p.stacks.base) {
-    SysError(env, "mmap of the child stacks", errno).ThrowAsJavaScriptException();
+  if (!p.stack.base) {
+    SysError(env, "mmap of the child's stack", errno).ThrowAsJavaScriptException();
     return false;
   }
 
@@ -389,7 +389,7 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
   // The mount namespace always: ReadPlan refuses a plan without it.
   uint64_t flags = NamespaceCloneFlags(plan.namespaces) | CLONE_NEWNS;
 
-  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], -1, OwnerPidfd(), p.stacks.a(), p.stacks.b()};
+  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], -1, OwnerPidfd(), p.stack.top()};
   int pidfd = -1;
   // Every signal stays blocked across clone() so none is delivered to the
   // child through Node's handlers before it resets them.
@@ -424,7 +424,7 @@ Napi::Value Enter(const Napi::CallbackInfo& info) {
   if (!Prepare(env, info[1].As<Napi::Object>(), p, true)) return env.Undefined();
   const Plan& plan = p.plan;
 
-  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], p.control[0], OwnerPidfd(), p.stacks.a(), p.stacks.b()};
+  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], p.control[0], OwnerPidfd(), p.stack.top()};
   int pidfd = -1;
   sigset_t all, old;
   sigfillset(&all);

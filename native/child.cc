@@ -130,7 +130,7 @@ using namespace child;
   sigprocmask(SIG_SETMASK, &all, nullptr);
   // CLONE_VM|CLONE_VFORK: the command shares this copy of the address
   // space until it execs, so no second copy of Node's page tables is made.
-  pid_t main_pid = StartMain(plan, fds, fds.stack_a, true);
+  pid_t main_pid = StartMain(plan, fds, true);
   if (main_pid < 0) Fail(Step::Monitor);
   int keep[3] = {fds.status_write, fds.control_read, procfd};
   CloseAllExcept(keep, 3);
@@ -167,7 +167,7 @@ using namespace child;
     sigset_t all;
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, nullptr);
-    pid_t main_pid = StartMain(plan, fds, fds.stack_a, false);
+    pid_t main_pid = StartMain(plan, fds, false);
     if (main_pid < 0) Fail(Step::ForkInit);
     {
       // Init keeps only the status pipe: the error pipe must reach EOF at the

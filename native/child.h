@@ -79,10 +79,9 @@ struct ChildFds {
   int pty_socket;    // plan.pty: the pty master is sent to the parent here
   int control_read;  // Enter: kill-tree and signal requests for the monitor
   int owner_pidfd;   // Node's own pidfd: tells a child whether Node is still alive
-  // Two spare stacks (their top ends) for children that share our memory
-  // (CLONE_VM): they cost no copy of Node's page tables.
-  char* stack_a;
-  char* stack_b;
+  // The top end of a spare stack for the main process, which shares our
+  // memory until it execs (CLONE_VM): it costs no copy of Node's page tables.
+  char* main_stack;
 };
 
 constexpr size_t kChildStackSize = 256 * 1024;

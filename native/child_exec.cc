@@ -254,9 +254,9 @@ void OpenSandboxPty(const Plan& plan, int sock) {
 
 // Starts the main process sharing our memory until it execs (vfork-like):
 // no copy of Node's page tables, and we resume once it has exec'd or failed.
-pid_t StartMain(const Plan& plan, const ChildFds& fds, char* stack, bool subreaper) {
+pid_t StartMain(const Plan& plan, const ChildFds& fds, bool subreaper) {
   MainArgs args{&plan, &fds, subreaper};
-  return clone(MainEntry, stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
+  return clone(MainEntry, fds.main_stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
 }
 
 }  // namespace msbx::child

@@ -82,9 +82,10 @@ void DieWithParent(int owner_pidfd);
 // Allocates the terminal in the sandbox's devpts and sends its master to
 // the parent over `sock`.
 void OpenSandboxPty(const Plan& plan, int sock);
-// Starts the main process on `stack`, sharing our memory until it execs;
-// `subreaper`: it keeps its daemonized descendants (for a monitor's kill).
-pid_t StartMain(const Plan& plan, const ChildFds& fds, char* stack, bool subreaper);
+// Starts the main process on fds.main_stack, sharing our memory until it
+// execs; `subreaper`: it keeps its daemonized descendants (for a monitor's
+// kill).
+pid_t StartMain(const Plan& plan, const ChildFds& fds, bool subreaper);
 // Sets up the process and execs the command.
 [[noreturn]] void ExecMain(const Plan& plan, const ChildFds& fds);
 
