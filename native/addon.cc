@@ -374,6 +374,38 @@ Napi::Object Result(Napi::Env env, Prepared& p, long pid, int pidfd) {
   return result;  // sync and pid pipes close with `owned`
 }
 
+// Clones the child, which runs RunEnter (`enter`, joining the sandbox whose
+// PID 1 is `target_pidfd`) or RunChild (a new sandbox), releases it once
+// the parent's side is done, and returns the fds of the result.
+Napi::Value CloneChild(Napi::Env env, Prepared& p, bool enter, int target_pidfd) {
+  const Plan& plan = p.plan;
+  // The mount namespace always: ReadPlan refuses a plan without it. A
+  // command entering a sandbox joins its namespaces with setns() instead.
+  uint64_t flags = enter ? 0 : NamespaceCloneFlags(plan.namespaces) | CLONE_NEWNS;
+  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], p.control[0], OwnerPidfd(), p.stack.top()};
+  int pidfd = -1;
+  // Every signal stays blocked across clone() so none is delivered to the
+  // child through Node's handlers before it resets them.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  long pid = Clone(flags, &pidfd);
+  if (pid == 0) {
+    if (enter) RunEnter(plan, cfds, target_pidfd);
+    RunChild(plan, cfds);
+  }
+  int clone_err = errno;
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (pid < 0) {
+    std::string what = enter ? "clone3" : "clone3 (creating the sandbox's namespaces)" + CloneHint(clone_err);
+    SysError(env, what, clone_err).ThrowAsJavaScriptException();
+    return env.Undefined();
+  }
+  p.owned.Add(pidfd);
+  if (!ReleaseChild(env, p, static_cast<pid_t>(pid), pidfd, !enter)) return env.Undefined();
+  return Result(env, p, pid, pidfd);
+}
+
 // spawn(plan): a new sandbox.
 Napi::Value Spawn(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -382,32 +414,8 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
     return env.Undefined();
   }
   Prepared p;
-  if (!Prepare(env, info[0].As<Napi::Object>(), p, false)) return env.Undefined();
-  const Plan& plan = p.plan;
-
-  if (!CloneSourcesInParent(env, p)) return env.Undefined();
-  // The mount namespace always: ReadPlan refuses a plan without it.
-  uint64_t flags = NamespaceCloneFlags(plan.namespaces) | CLONE_NEWNS;
-
-  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], -1, OwnerPidfd(), p.stack.top()};
-  int pidfd = -1;
-  // Every signal stays blocked across clone() so none is delivered to the
-  // child through Node's handlers before it resets them.
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  long pid = Clone(flags, &pidfd);
-  if (pid == 0) RunChild(plan, cfds);
-  int clone_err = errno;
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (pid < 0) {
-    SysError(env, "clone3 (creating the sandbox's namespaces)" + CloneHint(clone_err), clone_err)
-        .ThrowAsJavaScriptException();
-    return env.Undefined();
-  }
-  p.owned.Add(pidfd);
-  if (!ReleaseChild(env, p, static_cast<pid_t>(pid), pidfd, true)) return env.Undefined();
-  return Result(env, p, pid, pidfd);
+  if (!Prepare(env, info[0].As<Napi::Object>(), p, false) || !CloneSourcesInParent(env, p)) return env.Undefined();
+  return CloneChild(env, p, false, -1);
 }
 
 // enter(targetPidfd, plan): a command in the sandbox whose PID 1 is target.
@@ -419,27 +427,9 @@ Napi::Value Enter(const Napi::CallbackInfo& info) {
     Napi::TypeError::New(env, "enter(targetPidfd, plan)").ThrowAsJavaScriptException();
     return env.Undefined();
   }
-  int target = info[0].As<Napi::Number>().Int32Value();
   Prepared p;
   if (!Prepare(env, info[1].As<Napi::Object>(), p, true)) return env.Undefined();
-  const Plan& plan = p.plan;
-
-  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], p.control[0], OwnerPidfd(), p.stack.top()};
-  int pidfd = -1;
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  long pid = Clone(0, &pidfd);
-  if (pid == 0) RunEnter(plan, cfds, target);
-  int clone_err = errno;
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (pid < 0) {
-    SysError(env, "clone3", clone_err).ThrowAsJavaScriptException();
-    return env.Undefined();
-  }
-  p.owned.Add(pidfd);
-  if (!ReleaseChild(env, p, static_cast<pid_t>(pid), pidfd, false)) return env.Undefined();
-  return Result(env, p, pid, pidfd);
+  return CloneChild(env, p, true, info[0].As<Napi::Number>().Int32Value());
 }
 
 // signal(pidfd, signo) -> true if delivered, false if the process is gone.
