@@ -230,14 +230,21 @@ int CloneSource(const MountOp& m, const char* path, int op, int rootfd, int oldr
   return tree;
 }
 
-void SetAttrs(int tree, uint64_t attrs, int op) {
-  if (!attrs) return;
-  // One call makes every submount read-only/nosuid/nodev too, so a
-  // read-only bind cannot be written through a mount nested inside it.
+// Sets mount attributes (MOUNT_ATTR_*) on the mount `fd`, and with
+// `recursive` on every mount under it.
+int SetMountAttrs(int fd, uint64_t attrs, bool recursive) {
   struct mount_attr attr;
   memset(&attr, 0, sizeof attr);
   attr.attr_set = attrs;
-  if (sys::mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0) Fail(Step::OpMount, op);
+  return sys::mount_setattr(fd, "", AT_EMPTY_PATH | (recursive ? AT_RECURSIVE : 0), &attr, sizeof attr);
+}
+
+// Opens the existing target of a remount or a mask (O_PATH and `flags`);
+// -1 when an optional one is missing.
+int OpenExistingTarget(int rootfd, const MountOp& m, int op, int flags) {
+  int fd = OpenInRoot(rootfd, m.dst.c_str(), O_PATH | flags);
+  if (fd < 0 && !SkipOptional(m)) Fail(Step::OpTarget, op);
+  return fd;
 }
 
 void DoBind(const MountOp& m, int op, int rootfd, int oldrootfd) {
@@ -246,7 +253,10 @@ void DoBind(const MountOp& m, int op, int rootfd, int oldrootfd) {
     tree = TakeSourceFd(m, op);
   } else {
     tree = CloneSource(m, m.src.c_str(), op, rootfd, oldrootfd);
-    if (tree >= 0) SetAttrs(tree, MountAttrs(m.flags), op);
+    // One call makes every submount read-only/nosuid/nodev too, so a
+    // read-only bind cannot be written through a mount nested inside it.
+    uint64_t attrs = MountAttrs(m.flags);
+    if (tree >= 0 && attrs && SetMountAttrs(tree, attrs, true) < 0) Fail(Step::OpMount, op);
   }
   if (tree < 0) return;  // optional and missing
   struct stat st;
@@ -406,11 +416,8 @@ void DoMkdir(const MountOp& m, int op, int rootfd) {
 }
 
 void DoRemount(const MountOp& m, int op, int rootfd) {
-  int fd = OpenInRoot(rootfd, m.dst.c_str(), O_PATH);
-  if (fd < 0) {
-    if (SkipOptional(m)) return;
-    Fail(Step::OpTarget, op);
-  }
+  int fd = OpenExistingTarget(rootfd, m, op, 0);
+  if (fd < 0) return;
   // mount_setattr() on a path inside a mount changes that whole mount;
   // insist on a mount root so a remount never reaches further than asked.
   struct statx stx;
@@ -419,30 +426,20 @@ void DoRemount(const MountOp& m, int op, int rootfd) {
     errno = EINVAL;
     Fail(Step::OpRemount, op);
   }
-  struct mount_attr attr;
-  memset(&attr, 0, sizeof attr);
-  attr.attr_set = MountAttrs(m.flags);
-  if (sys::mount_setattr(fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0)
-    Fail(Step::OpRemount, op);
+  if (SetMountAttrs(fd, MountAttrs(m.flags), true) < 0) Fail(Step::OpRemount, op);
   close(fd);
 }
 
 void DoMaskFile(const MountOp& m, int op, int rootfd) {
-  int target = OpenInRoot(rootfd, m.dst.c_str(), O_PATH | O_NOFOLLOW);
-  if (target < 0) {
-    if (SkipOptional(m)) return;
-    Fail(Step::OpTarget, op);
-  }
+  int target = OpenExistingTarget(rootfd, m, op, O_NOFOLLOW);
+  if (target < 0) return;
   // An empty read-only file of the base tmpfs, so masking works with or
   // without a /dev in the new root.
   int null_fd = open(kBaseMasked, O_PATH | O_CLOEXEC);
   if (null_fd < 0) Fail(Step::OpSource, op);
   int tree = sys::open_tree(null_fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
   if (tree < 0) Fail(Step::OpMount, op);
-  struct mount_attr attr;
-  memset(&attr, 0, sizeof attr);
-  attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
-  if (sys::mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0) Fail(Step::OpMount, op);
+  if (SetMountAttrs(tree, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC, false) < 0) Fail(Step::OpMount, op);
   Attach(tree, target, op);
   close(tree);
   close(null_fd);
@@ -450,11 +447,8 @@ void DoMaskFile(const MountOp& m, int op, int rootfd) {
 }
 
 void DoMaskDir(const MountOp& m, int op, int rootfd) {
-  int target = OpenInRoot(rootfd, m.dst.c_str(), O_PATH | O_DIRECTORY);
-  if (target < 0) {
-    if (SkipOptional(m)) return;
-    Fail(Step::OpTarget, op);
-  }
+  int target = OpenExistingTarget(rootfd, m, op, O_DIRECTORY);
+  if (target < 0) return;
   int mnt = NewFs("tmpfs", m, op, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
   Attach(mnt, target, op);
   close(mnt);
@@ -529,10 +523,7 @@ void SetUpFilesystem(const Plan& plan) {
 
   if (plan.root_readonly) {
     int rootfd = open(kBaseNewRoot, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    struct mount_attr attr;
-    memset(&attr, 0, sizeof attr);
-    attr.attr_set = MOUNT_ATTR_RDONLY;
-    if (rootfd < 0 || sys::mount_setattr(rootfd, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0)
+    if (rootfd < 0 || SetMountAttrs(rootfd, MOUNT_ATTR_RDONLY, false) < 0)
       Fail(Step::RootReadonly);
     close(rootfd);
   }
