@@ -92,6 +92,8 @@ void TakeInitIds(const Plan& plan, const ChildFds& fds) {
   if (plan.die_with_parent) DieWithParent(fds.owner_pidfd);
 }
 
+// A new network namespace has only lo, and it starts down: without it
+// nothing in the sandbox could reach localhost.
 void BringUpLoopback() {
   int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (s < 0) Fail(Step::Loopback);
