@@ -6,6 +6,9 @@
         "native/addon.cc",
         "native/plan.cc",
         "native/child.cc",
+        "native/child_mounts.cc",
+        "native/child_exec.cc",
+        "native/child_init.cc",
         "native/watchers.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],

@@ -84,60 +84,27 @@ std::string CloneHint(int err) {
   }
 }
 
-// stdio entry: "pipe" | "null" | "pty" | fd number to inherit.
-// Fills the child's source fd and, for pipes, the parent's end.
-bool WireStdio(Napi::Value spec, int target, bool pty, FdSet& owned, FdSet& child_only,
-               Plan& plan, int& parent_end, std::string& error) {
-  parent_end = -1;
-  int source = -1;
-  if (spec.IsNumber()) {
-    source = spec.As<Napi::Number>().Int32Value();
-    if (fcntl(source, F_GETFD) < 0) return error = "stdio[" + std::to_string(target) + "]: fd " + std::to_string(source) + " is not open", false;
-  } else if (spec.IsString()) {
-    std::string s = spec.As<Napi::String>().Utf8Value();
-    if (s == "pipe") {
-      int p[2];
-      if (pipe2(p, O_CLOEXEC) < 0) return error = ErrnoText("pipe2", errno), false;
-      bool in = target == 0;
-      parent_end = owned.Add(in ? p[1] : p[0]);
-      source = child_only.Add(in ? p[0] : p[1]);
-    } else if (s == "null") {
-      source = child_only.Add(open("/dev/null", O_RDWR | O_CLOEXEC));
-      if (source < 0) return error = ErrnoText("open /dev/null", errno), false;
-    } else if (s == "pty") {
-      if (!pty) return error = "stdio 'pty' needs plan.pty", false;
-      source = kPtySlave;
-    } else {
-      return error = "stdio[" + std::to_string(target) + "]: unknown value '" + s + "'", false;
-    }
-  } else {
-    return error = "stdio entries must be 'pipe', 'null', 'pty' or an fd number", false;
-  }
-  plan.fds.push_back({target, source});
-  return true;
-}
-
-// What Spawn and Enter share: the plan, stdio, extra fds, the terminal
-// socket and the pipes between parent and child.
-// Spare stacks for the child's CLONE_VM children; the parent's mapping is
-// dropped after clone (the child has its own copy-on-write one).
-struct Stacks {
+// The spare stack for the child's main process (ChildFds::main_stack); the
+// parent's mapping is dropped after clone (the child has its own
+// copy-on-write one).
+struct Stack {
   char* base = nullptr;
-  Stacks() {
-    void* p = mmap(nullptr, 2 * kChildStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  Stack() {
+    void* p = mmap(nullptr, kChildStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
     base = p == MAP_FAILED ? nullptr : static_cast<char*>(p);
   }
-  ~Stacks() {
-    if (base) munmap(base, 2 * kChildStackSize);
+  ~Stack() {
+    if (base) munmap(base, kChildStackSize);
   }
-  // Stacks grow down: hand out the top end of each half.
-  char* a() const { return base + kChildStackSize; }
-  char* b() const { return base + 2 * kChildStackSize; }
+  // Stacks grow down: hand out the top end.
+  char* top() const { return base + kChildStackSize; }
 };
 
+// What Spawn and Enter share: the plan, the fds it asks for, the terminal
+// socket and the pipes between parent and child.
 struct Prepared {
   Plan plan;
-  Stacks stacks;
+  Stack stack;
   FdSet owned;       // parent ends, released into the result
   FdSet child_only;  // child ends, closed in the parent after clone
   int parent_ends[3] = {-1, -1, -1};
@@ -147,6 +114,42 @@ struct Prepared {
   // Sources cloned here that the kernel could not idmap: {op index, errno}.
   std::vector<std::pair<int, int>> idmap_fallbacks;
 };
+
+// Makes what plan.stdio[target] asks for and wires it to the child's fd
+// `target`: the child's end of a pipe (the parent's end is the result's
+// stdin, stdout or stderr), /dev/null, the terminal, or the caller's fd.
+bool WireStdio(Napi::Env env, Prepared& p, int target, std::vector<FdMapping>& out) {
+  const Stdio& s = p.plan.stdio[target];
+  int source = -1;
+  switch (s.kind) {
+    case Stdio::Kind::Fd:
+      source = s.fd;
+      break;
+    case Stdio::Kind::Pty:
+      source = kPtySlave;
+      break;
+    case Stdio::Kind::Null:
+      source = p.child_only.Add(open("/dev/null", O_RDWR | O_CLOEXEC));
+      if (source < 0) {
+        SysError(env, "opening /dev/null for the sandbox's fd " + std::to_string(target), errno).ThrowAsJavaScriptException();
+        return false;
+      }
+      break;
+    case Stdio::Kind::Pipe: {
+      int ends[2];
+      if (pipe2(ends, O_CLOEXEC) < 0) {
+        SysError(env, "pipe2 for the sandbox's fd " + std::to_string(target), errno).ThrowAsJavaScriptException();
+        return false;
+      }
+      bool in = target == 0;
+      p.parent_ends[target] = p.owned.Add(in ? ends[1] : ends[0]);
+      source = p.child_only.Add(in ? ends[0] : ends[1]);
+      break;
+    }
+  }
+  out.push_back({target, source});
+  return true;
+}
 
 // Node's own pidfd, inherited by every child: polled after a credential
 // change to learn whether Node died meanwhile (see DieWithParent).
@@ -275,48 +278,15 @@ bool Prepare(Napi::Env env, const Napi::Object& obj, Prepared& p, bool enter) {
     }
     p.owned.Add(p.pty_sock[0]);
     p.child_only.Add(p.pty_sock[1]);
-    Napi::Object t = obj.Get("pty").As<Napi::Object>();
-    if (t.Get("cols").IsNumber()) plan.pty_cols = static_cast<uint16_t>(t.Get("cols").As<Napi::Number>().Uint32Value());
-    if (t.Get("rows").IsNumber()) plan.pty_rows = static_cast<uint16_t>(t.Get("rows").As<Napi::Number>().Uint32Value());
   }
   if (!plan.hold) {
-    Napi::Value stdio_v = obj.Get("stdio");
-    if (!stdio_v.IsArray() || stdio_v.As<Napi::Array>().Length() != 3) {
-      Napi::TypeError::New(env, "plan.stdio must be an array of three entries").ThrowAsJavaScriptException();
-      return false;
-    }
-    Napi::Array stdio = stdio_v.As<Napi::Array>();
+    // The streams (fds 0-2) go in front of the extra fds (3-255), so that
+    // plan.fds stays sorted by target.
+    std::vector<FdMapping> streams;
     for (int i = 0; i < 3; i++) {
-      if (!WireStdio(stdio.Get(i), i, plan.pty, p.owned, p.child_only, plan, p.parent_ends[i], error)) {
-        Napi::TypeError::New(env, error).ThrowAsJavaScriptException();
-        return false;
-      }
+      if (!WireStdio(env, p, i, streams)) return false;
     }
-  }
-  Napi::Value extra = obj.Get("extraFds");
-  if (extra.IsArray()) {
-    Napi::Array a = extra.As<Napi::Array>();
-    for (uint32_t i = 0; i < a.Length(); i++) {
-      Napi::Value e = a.Get(i);
-      if (!e.IsObject() || !e.As<Napi::Object>().Get("target").IsNumber() || !e.As<Napi::Object>().Get("fd").IsNumber()) {
-        Napi::TypeError::New(env, "plan.extraFds entries need numeric target and fd").ThrowAsJavaScriptException();
-        return false;
-      }
-      int target = e.As<Napi::Object>().Get("target").As<Napi::Number>().Int32Value();
-      int fd = e.As<Napi::Object>().Get("fd").As<Napi::Number>().Int32Value();
-      if (target < 3 || target > 255 || fcntl(fd, F_GETFD) < 0) {
-        Napi::TypeError::New(env, "plan.extraFds: target must be 3..255 and fd open").ThrowAsJavaScriptException();
-        return false;
-      }
-      plan.fds.push_back({target, fd});
-    }
-  }
-  std::sort(plan.fds.begin(), plan.fds.end(), [](const FdMapping& a, const FdMapping& b) { return a.target < b.target; });
-  for (size_t i = 1; i < plan.fds.size(); i++) {
-    if (plan.fds[i].target == plan.fds[i - 1].target) {
-      Napi::TypeError::New(env, "plan: fd " + std::to_string(plan.fds[i].target) + " is wired twice").ThrowAsJavaScriptException();
-      return false;
-    }
+    plan.fds.insert(plan.fds.begin(), streams.begin(), streams.end());
   }
   plan.finalize();
   for (const std::string& procs : plan.cgroup_procs) {
@@ -327,8 +297,8 @@ bool Prepare(Napi::Env env, const Napi::Object& obj, Prepared& p, bool enter) {
     }
     plan.cgroup_fds.push_back(p.child_only.Add(fd));
   }
-  if (!p.stacks.base) {
-    SysError(env, "mmap of the child stacks", errno).ThrowAsJavaScriptException();
+  if (!p.stack.base) {
+    SysError(env, "mmap of the child's stack", errno).ThrowAsJavaScriptException();
     return false;
   }
 
@@ -404,6 +374,38 @@ Napi::Object Result(Napi::Env env, Prepared& p, long pid, int pidfd) {
   return result;  // sync and pid pipes close with `owned`
 }
 
+// Clones the child, which runs RunEnter (`enter`, joining the sandbox whose
+// PID 1 is `target_pidfd`) or RunChild (a new sandbox), releases it once
+// the parent's side is done, and returns the fds of the result.
+Napi::Value CloneChild(Napi::Env env, Prepared& p, bool enter, int target_pidfd) {
+  const Plan& plan = p.plan;
+  // The mount namespace always: ReadPlan refuses a plan without it. A
+  // command entering a sandbox joins its namespaces with setns() instead.
+  uint64_t flags = enter ? 0 : NamespaceCloneFlags(plan.namespaces) | CLONE_NEWNS;
+  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], p.control[0], OwnerPidfd(), p.stack.top()};
+  int pidfd = -1;
+  // Every signal stays blocked across clone() so none is delivered to the
+  // child through Node's handlers before it resets them.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  long pid = Clone(flags, &pidfd);
+  if (pid == 0) {
+    if (enter) RunEnter(plan, cfds, target_pidfd);
+    RunChild(plan, cfds);
+  }
+  int clone_err = errno;
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (pid < 0) {
+    std::string what = enter ? "clone3" : "clone3 (creating the sandbox's namespaces)" + CloneHint(clone_err);
+    SysError(env, what, clone_err).ThrowAsJavaScriptException();
+    return env.Undefined();
+  }
+  p.owned.Add(pidfd);
+  if (!ReleaseChild(env, p, static_cast<pid_t>(pid), pidfd, !enter)) return env.Undefined();
+  return Result(env, p, pid, pidfd);
+}
+
 // spawn(plan): a new sandbox.
 Napi::Value Spawn(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -412,32 +414,8 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
     return env.Undefined();
   }
   Prepared p;
-  if (!Prepare(env, info[0].As<Napi::Object>(), p, false)) return env.Undefined();
-  const Plan& plan = p.plan;
-
-  if (!CloneSourcesInParent(env, p)) return env.Undefined();
-  // The mount namespace always: ReadPlan refuses a plan without it.
-  uint64_t flags = NamespaceCloneFlags(plan.namespaces) | CLONE_NEWNS;
-
-  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], -1, OwnerPidfd(), p.stacks.a(), p.stacks.b()};
-  int pidfd = -1;
-  // Every signal stays blocked across clone() so none is delivered to the
-  // child through Node's handlers before it resets them.
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  long pid = Clone(flags, &pidfd);
-  if (pid == 0) RunChild(plan, cfds);
-  int clone_err = errno;
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (pid < 0) {
-    SysError(env, "clone3 (creating the sandbox's namespaces)" + CloneHint(clone_err), clone_err)
-        .ThrowAsJavaScriptException();
-    return env.Undefined();
-  }
-  p.owned.Add(pidfd);
-  if (!ReleaseChild(env, p, static_cast<pid_t>(pid), pidfd, true)) return env.Undefined();
-  return Result(env, p, pid, pidfd);
+  if (!Prepare(env, info[0].As<Napi::Object>(), p, false) || !CloneSourcesInParent(env, p)) return env.Undefined();
+  return CloneChild(env, p, false, -1);
 }
 
 // enter(targetPidfd, plan): a command in the sandbox whose PID 1 is target.
@@ -449,27 +427,9 @@ Napi::Value Enter(const Napi::CallbackInfo& info) {
     Napi::TypeError::New(env, "enter(targetPidfd, plan)").ThrowAsJavaScriptException();
     return env.Undefined();
   }
-  int target = info[0].As<Napi::Number>().Int32Value();
   Prepared p;
   if (!Prepare(env, info[1].As<Napi::Object>(), p, true)) return env.Undefined();
-  const Plan& plan = p.plan;
-
-  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], p.control[0], OwnerPidfd(), p.stacks.a(), p.stacks.b()};
-  int pidfd = -1;
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  long pid = Clone(0, &pidfd);
-  if (pid == 0) RunEnter(plan, cfds, target);
-  int clone_err = errno;
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (pid < 0) {
-    SysError(env, "clone3", clone_err).ThrowAsJavaScriptException();
-    return env.Undefined();
-  }
-  p.owned.Add(pidfd);
-  if (!ReleaseChild(env, p, static_cast<pid_t>(pid), pidfd, false)) return env.Undefined();
-  return Result(env, p, pid, pidfd);
+  return CloneChild(env, p, true, info[0].As<Napi::Number>().Int32Value());
 }
 
 // signal(pidfd, signo) -> true if delivered, false if the process is gone.

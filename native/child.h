@@ -1,57 +1,63 @@
 // The child side of a spawn: what runs between clone() and execve().
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "plan.h"
 
 namespace msbx {
 
-// Each setup step that can fail. The parent turns (step, errno, op) into a
-// typed error naming the path; keep `kStepNames` in the same order.
+// Each setup step that can fail, and the name the parent reports it by
+// (native.stepNames): the parent turns (step, errno, op) into a typed error
+// naming the path. One list, so the enum and the names cannot drift apart.
+#define MSBX_CHILD_STEPS(X) \
+  X(Hostname, "hostname") \
+  X(Loopback, "loopback") \
+  X(Propagation, "propagation") \
+  X(BaseTmpfs, "base-tmpfs") \
+  X(PivotToBase, "pivot-to-base") \
+  X(OpenOldRoot, "open-old-root") \
+  X(NewRootMount, "new-root-mount") \
+  X(OpSource, "op-source") \
+  X(OpTarget, "op-target") \
+  X(OpMount, "op-mount") \
+  X(OpSymlink, "op-symlink") \
+  X(OpWriteFile, "op-write-file") \
+  X(OpRemount, "op-remount") \
+  X(RootReadonly, "root-readonly") \
+  X(DetachOldRoot, "detach-old-root") \
+  X(PivotRoot, "pivot-root") \
+  X(Chroot, "chroot") \
+  X(ForkInit, "fork-init") \
+  X(NewSession, "new-session") \
+  X(ControllingTty, "controlling-tty") \
+  X(Fds, "fds") \
+  X(Rlimit, "rlimit") \
+  X(Setgroups, "setgroups") \
+  X(Setgid, "setgid") \
+  X(Setuid, "setuid") \
+  X(Capabilities, "capabilities") \
+  X(NoNewPrivs, "no-new-privs") \
+  X(Chdir, "chdir") \
+  X(Exec, "exec") \
+  X(DeathSignal, "death-signal") \
+  X(Pty, "pty") \
+  X(Setns, "setns") \
+  X(Monitor, "monitor") \
+  X(InitIds, "init-ids") \
+  X(CgroupJoin, "cgroup-join") \
+  X(Seccomp, "seccomp")
+
 enum class Step : int32_t {
-  WaitParent,
-  SignalReset,
-  Hostname,
-  Loopback,
-  Propagation,
-  BaseTmpfs,
-  PivotToBase,
-  OpenOldRoot,
-  NewRootMount,
-  OpSource,
-  OpTarget,
-  OpMount,
-  OpSymlink,
-  OpWriteFile,
-  OpRemount,
-  RootReadonly,
-  DetachOldRoot,
-  PivotRoot,
-  Chroot,
-  ForkInit,
-  NewSession,
-  ControllingTty,
-  Fds,
-  Rlimit,
-  Setgroups,
-  Setgid,
-  Setuid,
-  Capabilities,
-  NoNewPrivs,
-  Chdir,
-  Exec,
-  DeathSignal,
-  Pty,
-  Setns,
-  Monitor,
-  InitIds,
-  CgroupJoin,
-  Seccomp,
+#define MSBX_STEP_ID(id, name) id,
+  MSBX_CHILD_STEPS(MSBX_STEP_ID)
+#undef MSBX_STEP_ID
   Count,
 };
 
-extern const char* const kStepNames[];
+// The names of the steps, indexed by Step.
+extern const char* const kStepNames[static_cast<size_t>(Step::Count)];
 
 // Fixed-size record the child writes to the error pipe; one write() of it
 // is atomic (< PIPE_BUF), so the parent never sees half a record.
@@ -73,10 +79,9 @@ struct ChildFds {
   int pty_socket;    // plan.pty: the pty master is sent to the parent here
   int control_read;  // Enter: kill-tree and signal requests for the monitor
   int owner_pidfd;   // Node's own pidfd: tells a child whether Node is still alive
-  // Two spare stacks (their top ends) for children that share our memory
-  // (CLONE_VM): they cost no copy of Node's page tables.
-  char* stack_a;
-  char* stack_b;
+  // The top end of a spare stack for the main process, which shares our
+  // memory until it execs (CLONE_VM): it costs no copy of Node's page tables.
+  char* main_stack;
 };
 
 constexpr size_t kChildStackSize = 256 * 1024;

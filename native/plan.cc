@@ -3,8 +3,11 @@
 // only shapes and types, so a malformed object is a TypeError, never a crash.
 #include "plan_js.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace msbx {
@@ -20,8 +23,10 @@ void Plan::finalize() {
 
 namespace {
 
+// Reads fields of one object, naming them under `prefix` in its errors
+// ("plan.", "plan.pty."); keeps the first error.
 struct Reader {
-  Napi::Env env;
+  std::string prefix;
   std::string error;
 
   bool Fail(const std::string& what) {
@@ -29,31 +34,43 @@ struct Reader {
     return false;
   }
 
+  std::string Name(const char* key) const { return prefix + key; }
+
   bool Str(const Napi::Object& o, const char* key, std::string& out, bool required) {
     Napi::Value v = o.Get(key);
-    if (v.IsUndefined() || v.IsNull()) return required ? Fail(std::string("plan.") + key + " is required") : true;
-    if (!v.IsString()) return Fail(std::string("plan.") + key + " must be a string");
+    if (v.IsUndefined() || v.IsNull()) return required ? Fail(Name(key) + " is required") : true;
+    if (!v.IsString()) return Fail(Name(key) + " must be a string");
     out = v.As<Napi::String>().Utf8Value();
-    if (out.find('\0') != std::string::npos) return Fail(std::string("plan.") + key + " contains a NUL byte");
+    if (out.find('\0') != std::string::npos) return Fail(Name(key) + " contains a NUL byte");
     return true;
   }
 
   bool Bool(const Napi::Object& o, const char* key, bool& out) {
     Napi::Value v = o.Get(key);
     if (v.IsUndefined()) return true;
-    if (!v.IsBoolean()) return Fail(std::string("plan.") + key + " must be a boolean");
+    if (!v.IsBoolean()) return Fail(Name(key) + " must be a boolean");
     out = v.As<Napi::Boolean>().Value();
     return true;
   }
 
-  bool U32(const Napi::Object& o, const char* key, uint32_t& out) {
+  // An integer from `min` to `max`, optional unless `required`.
+  bool Int(const Napi::Object& o, const char* key, int64_t min, int64_t max, int64_t& out, bool required = false) {
     Napi::Value v = o.Get(key);
-    if (v.IsUndefined()) return true;
-    if (!v.IsNumber()) return Fail(std::string("plan.") + key + " must be a number");
-    double d = v.As<Napi::Number>().DoubleValue();
-    if (d < 0 || d > 4294967295.0 || d != static_cast<double>(static_cast<uint32_t>(d)))
-      return Fail(std::string("plan.") + key + " must be a 32-bit unsigned integer");
-    out = static_cast<uint32_t>(d);
+    if (v.IsUndefined() && !required) return true;
+    if (v.IsNumber()) {
+      double d = v.As<Napi::Number>().DoubleValue();
+      if (d >= static_cast<double>(min) && d <= static_cast<double>(max) && d == std::trunc(d)) {
+        out = static_cast<int64_t>(d);
+        return true;
+      }
+    }
+    return Fail(Name(key) + " must be an integer from " + std::to_string(min) + " to " + std::to_string(max));
+  }
+
+  bool U32(const Napi::Object& o, const char* key, uint32_t& out) {
+    int64_t v = out;
+    if (!Int(o, key, 0, UINT32_MAX, v)) return false;
+    out = static_cast<uint32_t>(v);
     return true;
   }
 
@@ -61,22 +78,23 @@ struct Reader {
   bool Ids(const Napi::Object& o, const char* key, uint32_t& uid, uint32_t& gid, bool& set) {
     Napi::Value v = o.Get(key);
     if (v.IsUndefined()) return true;
-    if (!v.IsObject()) return Fail(std::string("plan.") + key + " must be { uid, gid }");
+    if (!v.IsObject()) return Fail(Name(key) + " must be { uid, gid }");
     Napi::Object ids = v.As<Napi::Object>();
     set = true;
-    return U32(ids, "uid", uid) && U32(ids, "gid", gid);
+    Reader r{Name(key) + ".", {}};
+    return (r.U32(ids, "uid", uid) && r.U32(ids, "gid", gid)) || Fail(r.error);
   }
 
   bool StrList(const Napi::Object& o, const char* key, std::vector<std::string>& out) {
     Napi::Value v = o.Get(key);
     if (v.IsUndefined()) return true;
-    if (!v.IsArray()) return Fail(std::string("plan.") + key + " must be an array of strings");
+    if (!v.IsArray()) return Fail(Name(key) + " must be an array of strings");
     Napi::Array a = v.As<Napi::Array>();
     for (uint32_t i = 0; i < a.Length(); i++) {
       Napi::Value e = a.Get(i);
-      if (!e.IsString()) return Fail(std::string("plan.") + key + " must be an array of strings");
+      if (!e.IsString()) return Fail(Name(key) + " must be an array of strings");
       std::string s = e.As<Napi::String>().Utf8Value();
-      if (s.find('\0') != std::string::npos) return Fail(std::string("plan.") + key + " has a NUL byte");
+      if (s.find('\0') != std::string::npos) return Fail(Name(key) + " has a NUL byte");
       out.push_back(std::move(s));
     }
     return true;
@@ -173,11 +191,83 @@ const NsName kNamespaces[] = {
     {"uts", NS_UTS},   {"net", NS_NET},     {"cgroup", NS_CGROUP},
 };
 
+// plan.pty: { cols, rows } of a terminal the child allocates.
+bool ReadPty(Reader& r, const Napi::Object& o, Plan& plan) {
+  Napi::Value v = o.Get("pty");
+  if (v.IsUndefined()) return true;
+  if (!v.IsObject()) return r.Fail("plan.pty must be { cols, rows }");
+  plan.pty = true;
+  Reader size{"plan.pty.", {}};
+  int64_t cols = plan.pty_cols, rows = plan.pty_rows;
+  if (!size.Int(v.As<Napi::Object>(), "cols", 0, UINT16_MAX, cols) ||
+      !size.Int(v.As<Napi::Object>(), "rows", 0, UINT16_MAX, rows))
+    return r.Fail(size.error);
+  plan.pty_cols = static_cast<uint16_t>(cols);
+  plan.pty_rows = static_cast<uint16_t>(rows);
+  return true;
+}
+
+bool IsOpenFd(int64_t fd) { return fcntl(static_cast<int>(fd), F_GETFD) >= 0; }
+
+// plan.stdio: for fds 0-2, "pipe", "null", "pty" (needs plan.pty) or an
+// open fd of the caller's, inherited.
+bool ReadStdio(Reader& r, const Napi::Object& o, Plan& plan) {
+  Napi::Value v = o.Get("stdio");
+  if (!v.IsArray() || v.As<Napi::Array>().Length() != 3) return r.Fail("plan.stdio must be an array of three entries");
+  Napi::Array a = v.As<Napi::Array>();
+  for (uint32_t i = 0; i < 3; i++) {
+    std::string name = "plan.stdio[" + std::to_string(i) + "]";
+    Napi::Value e = a.Get(i);
+    Stdio& s = plan.stdio[i];
+    if (e.IsString()) {
+      std::string kind = e.As<Napi::String>().Utf8Value();
+      if (kind == "pipe") s.kind = Stdio::Kind::Pipe;
+      else if (kind == "null") s.kind = Stdio::Kind::Null;
+      else if (kind == "pty") s.kind = Stdio::Kind::Pty;
+      else return r.Fail(name + ": unknown value '" + kind + "'");
+      if (s.kind == Stdio::Kind::Pty && !plan.pty) return r.Fail(name + ": 'pty' needs plan.pty");
+      continue;
+    }
+    double d = e.IsNumber() ? e.As<Napi::Number>().DoubleValue() : -1;
+    if (!(d >= 0 && d <= INT32_MAX && d == std::trunc(d)))
+      return r.Fail(name + " must be 'pipe', 'null', 'pty' or an fd number");
+    s.kind = Stdio::Kind::Fd;
+    s.fd = static_cast<int>(d);
+    if (!IsOpenFd(s.fd)) return r.Fail(name + ": fd " + std::to_string(s.fd) + " is not open");
+  }
+  return true;
+}
+
+// plan.extraFds: open fds of the caller's, each wired to a target from 3 to
+// 255 (the child moves its own fds above those while it rewires).
+bool ReadExtraFds(Reader& r, const Napi::Object& o, Plan& plan) {
+  Napi::Value v = o.Get("extraFds");
+  if (v.IsUndefined()) return true;
+  if (!v.IsArray()) return r.Fail("plan.extraFds must be an array of { target, fd }");
+  Napi::Array a = v.As<Napi::Array>();
+  for (uint32_t i = 0; i < a.Length(); i++) {
+    std::string name = "plan.extraFds[" + std::to_string(i) + "]";
+    if (!a.Get(i).IsObject()) return r.Fail(name + " must be { target, fd }");
+    Napi::Object e = a.Get(i).As<Napi::Object>();
+    Reader f{name + ".", {}};
+    int64_t target = 0, fd = 0;
+    if (!f.Int(e, "target", 3, 255, target, true) || !f.Int(e, "fd", 0, INT32_MAX, fd, true)) return r.Fail(f.error);
+    if (!IsOpenFd(fd)) return r.Fail(name + ": fd " + std::to_string(fd) + " is not open");
+    plan.fds.push_back({static_cast<int>(target), static_cast<int>(fd)});
+  }
+  std::sort(plan.fds.begin(), plan.fds.end(), [](const FdMapping& a, const FdMapping& b) { return a.target < b.target; });
+  for (size_t i = 1; i < plan.fds.size(); i++) {
+    if (plan.fds[i].target == plan.fds[i - 1].target)
+      return r.Fail("plan.extraFds: fd " + std::to_string(plan.fds[i].target) + " is wired twice");
+  }
+  return true;
+}
+
 }  // namespace
 
 bool ReadOps(const Napi::Value& ops, std::vector<MountOp>& out, std::string& error) {
   if (!ops.IsArray()) return error = "plan.ops must be an array", false;
-  Reader r{ops.Env(), {}};
+  Reader r;
   Napi::Array a = ops.As<Napi::Array>();
   for (uint32_t i = 0; i < a.Length(); i++) {
     if (!a.Get(i).IsObject()) return error = "plan.ops entries must be objects", false;
@@ -189,7 +279,7 @@ bool ReadOps(const Napi::Value& ops, std::vector<MountOp>& out, std::string& err
 }
 
 bool ReadPlan(const Napi::Object& o, Plan& plan, std::string& error) {
-  Reader r{o.Env(), {}};
+  Reader r{"plan.", {}};
   std::vector<std::string> ns;
   if (!r.StrList(o, "namespaces", ns)) return error = r.error, false;
   for (const auto& n : ns) {
@@ -266,8 +356,8 @@ bool ReadPlan(const Napi::Object& o, Plan& plan, std::string& error) {
   else if (!prefix.IsUndefined()) return error = "plan.opsPrefix must come from prepareOps()", false;
   if (!ReadOps(o.Get("ops"), plan.ops, error)) return false;
 
-  Napi::Value pty = o.Get("pty");
-  plan.pty = pty.IsObject();
+  if (!ReadPty(r, o, plan) || (!plan.hold && !ReadStdio(r, o, plan)) || !ReadExtraFds(r, o, plan))
+    return error = r.error, false;
   return true;
 }
 

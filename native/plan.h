@@ -110,6 +110,14 @@ struct FdMapping {
 };
 constexpr int kPtySlave = -2;
 
+// A standard stream of the command as the plan asks for it; the addon makes
+// the pipe or opens /dev/null just before the clone.
+struct Stdio {
+  enum class Kind { Pipe, Null, Pty, Fd };
+  Kind kind = Kind::Null;
+  int fd = -1;  // Kind::Fd: the caller's open fd, inherited
+};
+
 struct Plan {
   uint32_t namespaces = 0;
   std::string uid_map;      // written by the parent to /proc/<pid>/uid_map
@@ -141,7 +149,10 @@ struct Plan {
   bool pty = false;            // a new terminal, allocated in the sandbox's devpts
   uint16_t pty_cols = 80, pty_rows = 24;
   std::vector<Rlimit> rlimits;
-  std::vector<FdMapping> fds;  // sorted by target
+  Stdio stdio[3];              // fds 0-2; none with `hold`
+  // Sorted by target: the plan's extra fds (3-255), then the addon puts
+  // the standard streams (0-2) in front.
+  std::vector<FdMapping> fds;
 
   // A classic BPF program (struct sock_filter[]) installed as the last step
   // before execve; empty: none.

@@ -9,8 +9,9 @@
 
 namespace msbx {
 
-// Fills `plan` from `obj`; on a malformed object returns false with `error`
-// naming the field. Stdio and pty fds are wired by the caller.
+// Fills `plan` from `obj`, the only place that reads it; on a malformed
+// object returns false with `error` naming the field. The caller then makes
+// what the plan asks for: pipes, /dev/null, the terminal's socket.
 bool ReadPlan(const Napi::Object& obj, Plan& plan, std::string& error);
 
 // Reads an array of mount ops (for prepareOps: read once, reused by plans).
