@@ -19,6 +19,22 @@ export function hostPidsMatching(needle: string): number[] {
   return pids.filter((p) => p !== process.pid);
 }
 
+/**
+ * The sandboxes this process started that are still alive: their PID 1s
+ * (`msbx-init`, Node's children). Other test files' sandboxes, running at
+ * the same time in other workers, are not counted.
+ */
+export function ownSandboxInits(): number[] {
+  return hostPidsMatching('msbx-init').filter((pid) => {
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === process.pid;
+    } catch {
+      return false; // gone meanwhile
+    }
+  });
+}
+
 /** A unique `sleep` duration that marks processes of one test in /proc. */
 export function uniqueSleep(): string {
   return `1000.${process.pid}${Math.floor(Math.random() * 1e6)}`;

@@ -13,7 +13,7 @@ import { LocalEnvProvider } from '../../lib/swe/pipeline/localProvider.js';
 import { prepareTasks, type PrepareResult } from '../../lib/swe/pipeline/prepare.js';
 import { evaluateAll } from '../../lib/swe/pipeline/runReport.js';
 import type { Task } from '../../lib/swe/tasks.js';
-import { hostPidsMatching, tempDir, uniqueSleep, waitFor } from '../helpers.js';
+import { hostPidsMatching, ownSandboxInits, tempDir, uniqueSleep, waitFor } from '../helpers.js';
 import { NO_PYTEST_REASON, pytestPython } from './helpers.js';
 
 const suite = pytestPython ? describe : describe.skip;
@@ -168,6 +168,6 @@ suite('evaluate', () => {
   it('leaves no sandbox directories or processes behind', async () => {
     const leftovers = existsSync(stateDir) ? readdirSync(stateDir).filter((n) => !n.startsWith('.')) : [];
     expect(leftovers).toEqual([]);
-    expect(hostPidsMatching('msbx-init').filter((pid) => existsSync(`/proc/${pid}`))).toEqual([]);
+    expect(ownSandboxInits()).toEqual([]);
   });
 });
