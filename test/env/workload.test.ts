@@ -13,7 +13,7 @@ import { openStore } from '../../lib/layers/index.js';
 import { FILE_CAPABILITIES } from '../../lib/sandbox/policy.js';
 import { isRoot, tempDir } from '../helpers.js';
 import { basePython, canCompile, writePackage } from './fixtures.js';
-import { findPython } from '../../lib/swe/python.js';
+import { findPython } from '../../lib/env/index.js';
 
 const { python, reason } = basePython();
 const compiles = python ? canCompile(python) : false;
