@@ -9,20 +9,18 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { UsageError } from '../cli/args.js';
-import { findPython } from './python.js';
+import { findPython, pythonSearchPath } from '../env/python.js';
 import { removeTree } from '../layers/fsTree.js';
 import { defaultStoreRoot, openStore } from '../layers/store.js';
 import { DEMO_PYTHON, createDemoTaskSet } from './demo/createDemoTaskSet.js';
-import { EnvLibProvider } from './pipeline/envLibProvider.js';
-import { LocalEnvProvider } from './pipeline/localProvider.js';
-import type { EnvProvider } from './pipeline/types.js';
-import { prepareTasks, type PrepareResult } from './pipeline/prepare.js';
+import { prepareTasks, type PrepareResult, type PrepareSummary } from './pipeline/prepare.js';
+import type { PrepareProgress } from './pipeline/types.js';
 import { createProgress, formatBytes, formatMs, formatTable } from './pipeline/progress.js';
 import { evaluateAll, type EvalRunReport } from './pipeline/runReport.js';
 import type { EvalResult } from './pipeline/evaluate.js';
 import { loadPredictions, loadTasks, type Prediction, type Task } from './tasks.js';
 
-export const PREPARE_HELP = `Usage: minisandbox prepare TASKS [--store DIR] [--jobs N] [--provider local|env]
+export const PREPARE_HELP = `Usage: minisandbox prepare TASKS [--store DIR] [--jobs N]
 
 Builds the environments of a task set (SWE-bench JSONL/JSON with recipe
 fields python, install, test_cmd, repo_path or repo_url): one venv layer
@@ -33,9 +31,6 @@ reported with its reason; the others go on.
 Options:
   --store DIR   Layer store (default ${defaultStoreRoot()})
   --jobs N      Builds at once (default 2)
-  --provider P  local (default): venvs with --system-site-packages, layers
-                added as directories; env: lib/env's buildEnv/buildRepo
-                (plain venvs + zstd-packed layers; slower to build)
 
 Exit code: 0 if every task is ready, 1 if some failed, 2 on usage errors.`;
 
@@ -51,7 +46,6 @@ Options:
   --gold               Evaluate each task's own gold patch instead
   --store DIR          Layer store (default ${defaultStoreRoot()})
   --jobs N             Evaluations (and builds) at once (default 2)
-  --provider P         Environment builder: local (default) or env (see prepare)
   --timeout S          Limit for one test run, seconds (default 1800)
   --report FILE        Write the report (SWE-bench run report + per-instance
                        reports, rewards, timings) as JSON
@@ -106,34 +100,27 @@ const err = (text: string) => process.stderr.write(text.endsWith('\n') ? text : 
 /** The valid tasks; each rejected one is named on stderr. */
 function readTasks(file: string): { tasks: Task[]; rejected: number } {
   const { tasks, errors } = loadTasks(file);
-  for (const e of errors) err(`skipping ${e.message}`);
+  reportRejected(errors);
   return { tasks, rejected: errors.length };
 }
 
-/** Prepares with a progress bar; prints failures one by one and the summary. */
-type ProviderName = 'local' | 'env';
-
-function providerName(value: string | boolean | undefined): ProviderName {
-  if (value === undefined || value === 'local') return 'local';
-  if (value === 'env') return 'env';
-  throw new UsageError(`--provider: expected "local" or "env", got "${String(value)}"`);
+function reportRejected(errors: readonly { message: string }[]): void {
+  for (const e of errors) err(`skipping ${e.message}`);
 }
 
-async function prepareWithProgress(tasks: Task[], storeDir: string, jobs: number, which: ProviderName = 'local'): Promise<PrepareResult> {
-  const store = await openStore({ root: storeDir });
-  const provider: EnvProvider = which === 'env' ? new EnvLibProvider({ store }) : new LocalEnvProvider({ store });
+/** Progress of preparation on one line of stderr, failures above it. */
+function prepareProgress(): { onProgress: (e: PrepareProgress) => void; end: () => void } {
   const progress = createProgress();
-  const result = await prepareTasks(tasks, {
-    provider,
-    concurrency: jobs,
+  return {
     onProgress: (e) => {
       if (e.status === 'failed') progress.log(`failed: ${e.label}: ${e.error?.split('\n')[0]}`);
       progress.update(e.done, e.total, `${e.status === 'start' ? 'building' : e.status} ${e.label}`);
     },
-  });
-  progress.end();
-  for (const f of result.failures) err(`not prepared: ${f.message}`);
-  const s = result.summary;
+    end: () => progress.end(),
+  };
+}
+
+function printPrepareSummary(s: PrepareSummary, storeDir: string): void {
   err(
     `prepared ${s.prepared}/${s.tasks} tasks in ${formatMs(s.durationMs)}: ` +
       `venvs ${s.envs.built} built, ${s.envs.reused} reused, ${s.envs.failed} failed; ` +
@@ -141,14 +128,23 @@ async function prepareWithProgress(tasks: Task[], storeDir: string, jobs: number
       `${s.failed} task(s) failed` +
       (s.diskBytes !== undefined ? `; store ${storeDir} uses ${formatBytes(s.diskBytes)}` : ''),
   );
+}
+
+/** Prepares with a progress bar; prints failures one by one and the summary. */
+async function prepareWithProgress(tasks: Task[], storeDir: string, jobs: number): Promise<PrepareResult> {
+  const store = await openStore({ root: storeDir });
+  const progress = prepareProgress();
+  const result = await prepareTasks(tasks, { store, concurrency: jobs, onProgress: progress.onProgress });
+  progress.end();
+  for (const f of result.failures) err(`not prepared: ${f.message}`);
+  printPrepareSummary(result.summary, storeDir);
   return result;
 }
 
 export async function prepareCommand(args: string[]): Promise<number> {
-  const { values, positionals } = parse(args, { store: { type: 'string' }, jobs: { type: 'string' }, provider: { type: 'string' } }, 1);
-  const which = providerName(values.provider);
+  const { values, positionals } = parse(args, { store: { type: 'string' }, jobs: { type: 'string' } }, 1);
   const { tasks, rejected } = readTasks(positionals[0]!);
-  const result = await prepareWithProgress(tasks, resolve((values.store as string | undefined) ?? defaultStoreRoot()), positiveInt('--jobs', values.jobs as string | undefined, 2), which);
+  const result = await prepareWithProgress(tasks, resolve((values.store as string | undefined) ?? defaultStoreRoot()), positiveInt('--jobs', values.jobs as string | undefined, 2));
   return result.failures.length === 0 && rejected === 0 ? 0 : 1;
 }
 
@@ -160,7 +156,6 @@ interface RunOptions {
   timeoutMs: number;
   reportFile?: string;
   logsDir?: string;
-  provider?: ProviderName;
 }
 
 function writeLogs(dir: string, results: EvalResult[], predictions: Prediction[]): void {
@@ -208,7 +203,7 @@ function printReport(report: EvalRunReport, results: EvalResult[]): void {
 async function runEvaluation(o: RunOptions): Promise<{ report: EvalRunReport; results: EvalResult[] }> {
   const wanted = new Set(o.predictions.map((p) => p.instance_id));
   // Only tasks with a prediction need an environment.
-  const prep = await prepareWithProgress(o.tasks.filter((t) => wanted.has(t.instance_id)), o.storeDir, o.jobs, o.provider);
+  const prep = await prepareWithProgress(o.tasks.filter((t) => wanted.has(t.instance_id)), o.storeDir, o.jobs);
   const progress = createProgress();
   const { results, report } = await evaluateAll(o.tasks, o.predictions, {
     prepared: prep.prepared,
@@ -237,11 +232,9 @@ export async function evalCommand(args: string[]): Promise<number> {
       timeout: { type: 'string' },
       report: { type: 'string' },
       logs: { type: 'string' },
-      provider: { type: 'string' },
     },
     1,
   );
-  const provider = providerName(values.provider);
   if (!values.gold === (values.predictions === undefined)) throw new UsageError('give exactly one of --predictions PREDS and --gold');
   const { tasks } = readTasks(positionals[0]!);
   let predictions: Prediction[];
@@ -260,7 +253,6 @@ export async function evalCommand(args: string[]): Promise<number> {
     timeoutMs: positiveNumber('--timeout', values.timeout as string | undefined, 1800) * 1000,
     ...(values.report ? { reportFile: resolve(values.report as string) } : {}),
     ...(values.logs ? { logsDir: resolve(values.logs as string) } : {}),
-    provider,
   });
   return report.error_instances === 0 ? 0 : 1;
 }
@@ -272,7 +264,7 @@ export async function demoCommand(args: string[]): Promise<number> {
   // pytest; without one every test would just fail, which explains nothing.
   if (!findPython({ version: DEMO_PYTHON, modules: ['pytest'] })) {
     err(
-      `demo: no Python ${DEMO_PYTHON} with pytest found (looked in PYENV_ROOT, ~/.pyenv, /root/.pyenv and PATH; ` +
+      `demo: no Python ${DEMO_PYTHON} with pytest found (looked in ${pythonSearchPath().join(', ')}; ` +
         'an unreadable /root hides /root/.pyenv from other users: chmod o+x /root, or install pytest for a system Python)',
     );
     return 1;
@@ -297,3 +289,4 @@ export async function demoCommand(args: string[]): Promise<number> {
     else await removeTree(dir);
   }
 }
+
