@@ -48,7 +48,7 @@ Options:
   --jobs N             Evaluations (and builds) at once (default 2)
   --timeout S          Limit for one test run, seconds (default 1800)
   --report FILE        Write the report (SWE-bench run report + per-instance
-                       reports, rewards, timings) as JSON
+                       reports with every test's status, rewards, timings) as JSON
   --logs DIR           Write DIR/<instance_id>/{patch.diff,test_output.txt,report.json}
 
 Exit code: 0 if every prediction was evaluated (resolved or not), 1 if some

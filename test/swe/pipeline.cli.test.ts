@@ -64,7 +64,15 @@ suite('swe commands', () => {
     expect(parsed.unresolved_ids).toEqual(partialIds);
     expect(parsed.resolved_instances).toBe(0);
     for (const id of partialIds) {
-      expect(parsed.instances[id]!.tests_status!.FAIL_TO_PASS.failure.length).toBeGreaterThan(0);
+      const task = demo.tasks.find((t) => t.instance_id === id)!;
+      const instance = parsed.instances[id]!;
+      expect(instance.tests_status!.FAIL_TO_PASS.failure.length).toBeGreaterThan(0);
+      // SWE-bench's four groups, and every test of the run with its status.
+      expect(Object.keys(instance.tests_status!)).toEqual(['FAIL_TO_PASS', 'PASS_TO_PASS', 'FAIL_TO_FAIL', 'PASS_TO_FAIL']);
+      expect(Object.keys(instance.test_statuses!).sort()).toEqual([...task.FAIL_TO_PASS, ...task.PASS_TO_PASS].sort());
+      expect(Object.values(instance.test_statuses!)).toContain('FAILED');
+      const perInstance = JSON.parse(readFileSync(join(logs, id, 'report.json'), 'utf8')) as Record<string, EvalRunReport['instances'][string]>;
+      expect(perInstance).toEqual({ [id]: instance });
       expect(parsed.rewards[id]!.reward).toBe(0);
       expect(parsed.timings[id]!.testsMs).toBeGreaterThan(0);
       expect(existsSync(join(logs, id, 'test_output.txt'))).toBe(true);
