@@ -25,14 +25,15 @@ export const PREPARE_HELP = `Usage: minisandbox prepare TASKS [--store DIR] [--j
 Builds the environments of a task set (SWE-bench JSONL/JSON with recipe
 fields python, install, test_cmd, repo_path or repo_url): one venv layer
 per repo+version recipe, one repository layer per task at base_commit.
-Layers already in the store are reused. A task that cannot be prepared is
-reported with its reason; the others go on.
+Layers already in the store are reused. A task that cannot be read or
+prepared is reported with its reason; the others go on.
 
 Options:
   --store DIR   Layer store (default ${defaultStoreRoot()})
   --jobs N      Builds at once (default 2)
 
-Exit code: 0 if every task is ready, 1 if some failed, 2 on usage errors.`;
+Exit code: 0 if every task is ready, 1 if some were rejected or failed,
+2 on usage errors.`;
 
 export const EVAL_HELP = `Usage: minisandbox eval TASKS (--predictions PREDS | --gold) [OPTIONS]
 
@@ -120,31 +121,32 @@ function prepareProgress(): { onProgress: (e: PrepareProgress) => void; end: () 
   };
 }
 
-function printPrepareSummary(s: PrepareSummary, storeDir: string): void {
+/** "prepared 3/5 tasks in 2.1 s: ...; 1 rejected, 1 failed": the file's tasks all counted. */
+function printPrepareSummary(s: PrepareSummary, rejected: number, storeDir: string): void {
   err(
-    `prepared ${s.prepared}/${s.tasks} tasks in ${formatMs(s.durationMs)}: ` +
+    `prepared ${s.prepared}/${s.tasks + rejected} tasks in ${formatMs(s.durationMs)}: ` +
       `venvs ${s.envs.built} built, ${s.envs.reused} reused, ${s.envs.failed} failed; ` +
       `repos ${s.repos.built} built, ${s.repos.reused} reused, ${s.repos.failed} failed; ` +
-      `${s.failed} task(s) failed` +
+      `${rejected} task(s) rejected, ${s.failed} failed` +
       (s.diskBytes !== undefined ? `; store ${storeDir} uses ${formatBytes(s.diskBytes)}` : ''),
   );
 }
 
 /** Prepares with a progress bar; prints failures one by one and the summary. */
-async function prepareWithProgress(tasks: Task[], storeDir: string, jobs: number): Promise<PrepareResult> {
+async function prepareWithProgress(tasks: Task[], storeDir: string, jobs: number, rejected: number): Promise<PrepareResult> {
   const store = await openStore({ root: storeDir });
   const progress = prepareProgress();
   const result = await prepareTasks(tasks, { store, concurrency: jobs, onProgress: progress.onProgress });
   progress.end();
   for (const f of result.failures) err(`not prepared: ${f.message}`);
-  printPrepareSummary(result.summary, storeDir);
+  printPrepareSummary(result.summary, rejected, storeDir);
   return result;
 }
 
 export async function prepareCommand(args: string[]): Promise<number> {
   const { values, positionals } = parse(args, { store: { type: 'string' }, jobs: { type: 'string' } }, 1);
   const { tasks, rejected } = readTasks(positionals[0]!);
-  const result = await prepareWithProgress(tasks, resolve((values.store as string | undefined) ?? defaultStoreRoot()), positiveInt('--jobs', values.jobs as string | undefined, 2));
+  const result = await prepareWithProgress(tasks, resolve((values.store as string | undefined) ?? defaultStoreRoot()), positiveInt('--jobs', values.jobs as string | undefined, 2), rejected);
   return result.failures.length === 0 && rejected === 0 ? 0 : 1;
 }
 
@@ -156,6 +158,8 @@ interface RunOptions {
   timeoutMs: number;
   reportFile?: string;
   logsDir?: string;
+  /** Tasks of the file that could not be read (for the summary). */
+  rejected?: number;
 }
 
 function writeLogs(dir: string, results: EvalResult[], predictions: Prediction[]): void {
@@ -203,7 +207,7 @@ function printReport(report: EvalRunReport, results: EvalResult[]): void {
 async function runEvaluation(o: RunOptions): Promise<{ report: EvalRunReport; results: EvalResult[] }> {
   const wanted = new Set(o.predictions.map((p) => p.instance_id));
   // Only tasks with a prediction need an environment.
-  const prep = await prepareWithProgress(o.tasks.filter((t) => wanted.has(t.instance_id)), o.storeDir, o.jobs);
+  const prep = await prepareWithProgress(o.tasks.filter((t) => wanted.has(t.instance_id)), o.storeDir, o.jobs, o.rejected ?? 0);
   const progress = createProgress();
   const { results, report } = await evaluateAll(o.tasks, o.predictions, {
     prepared: prep.prepared,
@@ -236,7 +240,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     1,
   );
   if (!values.gold === (values.predictions === undefined)) throw new UsageError('give exactly one of --predictions PREDS and --gold');
-  const { tasks } = readTasks(positionals[0]!);
+  const { tasks, rejected } = readTasks(positionals[0]!);
   let predictions: Prediction[];
   if (values.gold) {
     predictions = tasks.map((t) => ({ instance_id: t.instance_id, model_patch: t.patch, model_name_or_path: 'gold' }));
@@ -253,6 +257,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     timeoutMs: positiveNumber('--timeout', values.timeout as string | undefined, 1800) * 1000,
     ...(values.report ? { reportFile: resolve(values.report as string) } : {}),
     ...(values.logs ? { logsDir: resolve(values.logs as string) } : {}),
+    rejected,
   });
   return report.error_instances === 0 ? 0 : 1;
 }

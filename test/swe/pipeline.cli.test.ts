@@ -1,5 +1,5 @@
 /** The prepare/eval commands as a user runs them: files in, report and summary out. */
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { UsageError } from '../../lib/cli/args.js';
@@ -47,6 +47,15 @@ suite('swe commands', () => {
     expect(first.stderr).not.toContain('\r');
     const second = await capture(() => prepareCommand([demo.tasksFile, '--store', store]));
     expect(second.stderr).toMatch(/venvs 0 built, 4 reused, 0 failed; repos 0 built, 4 reused/);
+  }, 60_000);
+
+  it('prepare counts the tasks it rejected when reading the file', async () => {
+    const file = join(demo.dir, 'with-rejected.jsonl'); // next to the repos its relative repo_paths name
+    writeFileSync(file, `${readFileSync(demo.tasksFile, 'utf8').trim()}\n{"instance_id": "broken-1"}\n`);
+    const r = await capture(() => prepareCommand([file, '--store', join(dir.path, 'store')]));
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/^skipping task "broken-1" \(line 5\): missing field "repo"/m);
+    expect(r.stderr).toMatch(/prepared 4\/5 tasks .*; 1 task\(s\) rejected, 0 failed/);
   }, 60_000);
 
   it('eval writes a SWE-bench report with rewards and timings, and per-instance logs', async () => {
