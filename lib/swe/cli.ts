@@ -1,18 +1,19 @@
 /**
- * `minisandbox prepare | eval | demo`: the SWE pipeline from the command
- * line. Each command is `(args) => Promise<exitCode>`; lib/cli/main.ts
+ * `minisandbox prepare | eval | demo | tasks`: the SWE pipeline from the
+ * command line. Each command is `(args) => Promise<exitCode>`; lib/cli/main.ts
  * registers them with their help texts. Output: results on stdout,
  * progress and problems on stderr.
  */
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { UsageError } from '../cli/args.js';
 import { findPython, pythonSearchPath } from '../env/python.js';
 import { removeTree } from '../layers/fsTree.js';
 import { defaultStoreRoot, openStore } from '../layers/store.js';
 import { DEMO_PYTHON, createDemoTaskSet } from './demo/createDemoTaskSet.js';
+import { deriveTaskFile } from './derive.js';
 import { prepareTasks, type PrepareResult, type PrepareSummary } from './pipeline/prepare.js';
 import type { PrepareProgress } from './pipeline/types.js';
 import { createProgress, formatBytes, formatMs, formatTable } from './pipeline/progress.js';
@@ -65,6 +66,26 @@ network. Exit code 0 when every gold patch resolves its task.
 Options:
   --jobs N   Builds and evaluations at once (default 2)
   --keep     Keep the temporary directory (task set, store, report)`;
+
+export const TASKS_HELP = `Usage: minisandbox tasks derive TASKS [--output FILE] [OPTIONS]
+
+derive: finds each task's FAIL_TO_PASS and PASS_TO_PASS, as SWE-bench's
+validation does: prepares the environments, runs test_cmd at base_commit
+with test_patch applied, and again with the gold patch too (each run in a
+fresh sandbox). FAIL_TO_PASS: tests that pass only with the gold patch;
+PASS_TO_PASS: tests that pass in both runs (PASSED or XFAIL; a skipped
+test is never in either). Lists the tasks already have are ignored.
+Writes the task set, each record as it was with the two lists replaced,
+as JSONL; a task the gold patch fixes nothing in is reported and left out.
+
+Options:
+  --output FILE   Where to write the derived task set (default stdout)
+  --store DIR     Layer store (default ${defaultStoreRoot()})
+  --jobs N        Builds and test runs at once (default 2)
+  --timeout S     Limit for one test run, seconds (default 1800)
+
+Exit code: 0 if every task was derived, 1 if some could not be, 2 on
+usage errors.`;
 
 function positiveInt(option: string, value: string | undefined, fallback: number): number {
   if (value === undefined) return fallback;
@@ -295,3 +316,37 @@ export async function demoCommand(args: string[]): Promise<number> {
   }
 }
 
+export async function tasksCommand(args: string[]): Promise<number> {
+  const [sub, ...rest] = args;
+  if (sub !== 'derive') throw new UsageError(sub === undefined ? 'expected a subcommand: derive' : `unknown subcommand "${sub}" (expected derive)`);
+  const { values, positionals } = parse(rest, { output: { type: 'string' }, store: { type: 'string' }, jobs: { type: 'string' }, timeout: { type: 'string' } }, 1);
+  const storeDir = resolve((values.store as string | undefined) ?? defaultStoreRoot());
+  const output = values.output === undefined ? undefined : resolve(values.output as string);
+  const jobs = positiveInt('--jobs', values.jobs as string | undefined, 2);
+  const timeoutMs = positiveNumber('--timeout', values.timeout as string | undefined, 1800) * 1000;
+  const prepare = prepareProgress();
+  const runs = createProgress();
+  const derived = await deriveTaskFile(positionals[0]!, {
+    store: await openStore({ root: storeDir }),
+    concurrency: jobs,
+    timeoutMs,
+    onProgress: prepare.onProgress,
+    onResult: (r, done, total) => runs.update(done, total, `${r.instance_id}: ${r.error ? 'not derived' : `${r.tests!.FAIL_TO_PASS.length} FAIL_TO_PASS, ${r.tests!.PASS_TO_PASS.length} PASS_TO_PASS`}`),
+    ...(output ? { outputDir: dirname(output) } : {}),
+  });
+  prepare.end();
+  runs.end();
+  reportRejected(derived.rejected);
+  printPrepareSummary(derived.prepare, derived.rejected.length, storeDir);
+  const rows = [['instance', 'FAIL_TO_PASS', 'PASS_TO_PASS', 'FAIL_TO_FAIL', 'PASS_TO_FAIL']];
+  for (const r of derived.results) {
+    if (r.error !== undefined) err(`not derived: ${r.error}`);
+    if (r.tests) rows.push([r.instance_id, ...(['FAIL_TO_PASS', 'PASS_TO_PASS', 'FAIL_TO_FAIL', 'PASS_TO_FAIL'] as const).map((k) => String(r.tests![k].length))]);
+  }
+  const body = derived.lines.map((l) => `${l}\n`).join('');
+  if (output) writeFileSync(output, body);
+  else process.stdout.write(body);
+  err(formatTable(rows));
+  err(`derived ${derived.lines.length}/${derived.results.length + derived.rejected.length} tasks${output ? `; written to ${output}` : ''}`);
+  return derived.lines.length === derived.results.length && derived.rejected.length === 0 ? 0 : 1;
+}
