@@ -28,7 +28,6 @@ import * as policy from '../lib/sandbox/policy.js';
 import { createDemoTaskSet } from '../lib/swe/demo/createDemoTaskSet.js';
 import { evaluate } from '../lib/swe/pipeline/evaluate.js';
 import { applyScript, APPLY_OK, parseTestTime, PATCH_FILE, TEST_PATCH_FILE, testPatchScript, testScript } from '../lib/swe/pipeline/evalScript.js';
-import { LocalEnvProvider } from '../lib/swe/pipeline/localProvider.js';
 import { prepareTasks } from '../lib/swe/pipeline/prepare.js';
 import { TESTBED, type PreparedTask } from '../lib/swe/pipeline/types.js';
 import type { Task } from '../lib/swe/tasks.js';
@@ -178,7 +177,7 @@ async function main(): Promise<void> {
     const demo = createDemoTaskSet(join(dir, 'taskset'));
     const storeRoot = join(dir, 'store');
     const store = await openStore({ root: storeRoot });
-    const prep = await prepareTasks(demo.tasks, { provider: new LocalEnvProvider({ store }), concurrency: 2 });
+    const prep = await prepareTasks(demo.tasks, { store, concurrency: 2 });
     if (prep.failures.length) throw new Error(prep.failures.map((f) => f.message).join('\n'));
     log(`prepared ${demo.tasks.length} demo tasks in ${formatMs(prep.summary.durationMs)}; ${rounds} rounds (+1 warm-up) each`);
     const msbx = await benchMiniSandbox(demo.tasks, prep.prepared, rounds, join(dir, 'state'));

@@ -8,7 +8,7 @@ import { ENV_HELP, envCommand } from './commands/env.js';
 import { GC_HELP, gcCommand } from './commands/gc.js';
 import { STORE_HELP, storeCommand } from './commands/store.js';
 import { SERVE_HELP, serveCommand } from '../server/cli.js';
-import { DEMO_HELP, EVAL_HELP, PREPARE_HELP, demoCommand, evalCommand, prepareCommand } from '../swe/cli.js';
+import { DEMO_HELP, EVAL_HELP, PREPARE_HELP, TASKS_HELP, demoCommand, evalCommand, prepareCommand, tasksCommand } from '../swe/cli.js';
 
 const HELP = `Usage: minisandbox COMMAND [OPTIONS]
 
@@ -18,6 +18,7 @@ Commands:
   demo     Prepare and evaluate the built-in SWE task set (no network needed)
   prepare  Build the environments a SWE-bench-style task set needs
   eval     Evaluate patches (predictions) on a task set, one sandbox each
+  tasks    Build task sets: derive FAIL_TO_PASS/PASS_TO_PASS from test runs
   serve    Serve sandboxes over SWE-ReX's HTTP protocol
   env      Build Python environments as shared layers (env build, env ls)
   store    The layer store: ls, du, gc, verify
@@ -38,6 +39,7 @@ const COMMANDS: Record<string, { run: (args: string[]) => Promise<number>; help:
   prepare: { run: prepareCommand, help: PREPARE_HELP },
   eval: { run: evalCommand, help: EVAL_HELP },
   demo: { run: demoCommand, help: DEMO_HELP },
+  tasks: { run: tasksCommand, help: TASKS_HELP },
 };
 
 export async function main(argv: string[]): Promise<number> {

@@ -18,7 +18,7 @@ import { Sandbox, type BindMount } from '../sandbox/index.js';
 import { EnvError } from './errors.js';
 import { basePythonMounts, venvVariables } from './layout.js';
 import { envFromManifest, envIdOf, envsDir, saveEnvManifest, type Env, type EnvManifest } from './manifest.js';
-import { packAsLayer } from './pack.js';
+import { packAsLayer, type PackedLayer } from './pack.js';
 import { resolvePython } from './python.js';
 import { DEFAULT_REPO_PATH, checkEnvPath, checkRecipe, type EnvRecipe, type EnvStep } from './recipe.js';
 
@@ -32,6 +32,14 @@ export interface BuildEnvOptions {
   onOutput?: (step: string, text: string) => void;
   /** Where the build sandbox keeps its private dir (Sandbox.create's stateDir). */
   stateDir?: string;
+  /**
+   * Store the repo, as the build left it, as the env's repo layer (default
+   * true). false: the repo only serves the build (editable installs point at
+   * repoPath) and sandboxes mount a repo layer of their own there
+   * (buildRepo, then createEnvSandbox's `repo`): one env, many commits.
+   */
+  keepRepo?: boolean;
+  signal?: AbortSignal;
 }
 
 /** Where build inputs are shown read-only inside the build sandbox. */
@@ -71,7 +79,8 @@ function stepCommand(step: EnvStep, i: number, venvPath: string, repoPath: strin
     const script = `set -- ${shellQuote(input)}/*.whl; [ -e "$1" ] || { echo "no *.whl files in ${step.wheels}" >&2; exit 1; }; exec ${shellQuote(py)} ${PIP.join(' ')} "$@"`;
     return { argv: ['/bin/sh', '-c', script], mount };
   }
-  return { argv: ['/bin/sh', '-c', step.run] };
+  // bash, not sh: install commands (SWE-bench's among them) are written for it.
+  return { argv: ['/bin/bash', '-c', step.run] };
 }
 
 function tail(text: string, lines = 25): string {
@@ -88,6 +97,7 @@ export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promis
   const python = resolvePython(r.python);
   const label = `env${r.name ? ` ${r.name}` : ''}`;
   const workRoot = path.resolve(opts.workRoot ?? path.join(envsDir(opts.store.root), 'build'));
+  const signal = opts.signal ? { signal: opts.signal } : {};
   await fsp.mkdir(workRoot, { recursive: true });
   const work = await fsp.mkdtemp(path.join(workRoot, `${randomBytes(3).toString('hex')}-`));
   try {
@@ -106,19 +116,29 @@ export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promis
     ];
     const sandbox = await Sandbox.create({
       mounts,
-      env: { ...venvVariables(r.venvPath), PIP_NO_CACHE_DIR: '1', PIP_NO_INDEX: '1', ...r.env },
+      env: {
+        ...venvVariables(r.venvPath),
+        PIP_NO_CACHE_DIR: '1',
+        PIP_DISABLE_PIP_VERSION_CHECK: '1',
+        ...(r.network === 'none' ? { PIP_NO_INDEX: '1' } : {}),
+        ...r.env,
+      },
       cwd: r.repoPath ?? '/tmp',
+      network: r.network,
       ...(opts.stateDir ? { stateDir: opts.stateDir } : {}),
     });
     try {
       const runStep = async (what: string, argv: string[]): Promise<void> => {
-        const res = await sandbox.exec(argv, { timeout: r.stepTimeoutMs });
+        const res = await sandbox.exec(argv, { timeout: r.stepTimeoutMs, ...signal });
         opts.onOutput?.(what, res.stdout + res.stderr);
         if (res.exitCode !== 0)
-          throw new EnvError(`${label}: ${what} failed (${res.signal ? `signal ${res.signal}` : `exit ${res.exitCode}`}${res.timedOut ? ', timed out' : ''}):\n${tail(res.stderr || res.stdout)}`);
+          throw new EnvError(`${label}: ${what} failed (${res.signal ? `signal ${res.signal}` : `exit ${res.exitCode}`}${res.timedOut ? `, timed out after ${r.stepTimeoutMs / 1000} s` : ''}):\n${tail(res.stderr || res.stdout)}`);
       };
       // The venv is made where it will be used: no path in it needs rewriting.
-      await runStep(`creating the venv at ${r.venvPath} with ${python.path}`, [python.path, '-m', 'venv', r.venvPath]);
+      const basePip = r.systemSitePackages && python.hasPip === true;
+      const venvArgs = [...(r.systemSitePackages ? ['--system-site-packages'] : []), ...(basePip ? ['--without-pip'] : [])];
+      await runStep(`creating the venv at ${r.venvPath} with ${python.path}`, [python.path, '-m', 'venv', ...venvArgs, r.venvPath]);
+      if (basePip) await writePipCommands(venvDir, r.venvPath);
       for (const [i, c] of commands.entries()) await runStep(`step ${i} (${describeStep(r.steps[i]!)})`, c.argv);
       await runStep('checking the venv', [`${r.venvPath}/bin/python`, '-c', `import sys; assert sys.prefix == ${JSON.stringify(r.venvPath)}, sys.prefix`]);
     } finally {
@@ -128,18 +148,18 @@ export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promis
     // Editable installs write repoPath into the venv; recorded so a moved repo can be followed.
     const repoPrefixFiles = r.repoPath ? await scanForPrefix(venvDir, r.repoPath) : [];
     const keep = opts.keepArchives ?? true;
-    const venv = await packAsLayer(venvDir, opts.store, { name: `${label} venv ${r.venvPath}`, prefix: r.venvPath, keepArchive: keep });
-    const repo = r.repo
-      ? await packAsLayer(repoDir, opts.store, { name: `${label} repo ${r.repo.source}@${commit}`, prefix: r.repoPath!, keepArchive: keep })
-      : undefined;
-    const rel = (p: string | undefined) => (p ? { archive: path.relative(envsDir(opts.store.root), p) } : {});
+    const venv = await packAsLayer(venvDir, opts.store, { name: `${label} venv ${r.venvPath}`, prefix: r.venvPath, keepArchive: keep, ...signal });
+    const repo =
+      r.repo && opts.keepRepo !== false
+        ? await packAsLayer(repoDir, opts.store, { name: `${label} repo ${r.repo.source}@${commit}`, prefix: r.repoPath!, keepArchive: keep, ...signal })
+        : undefined;
+    const record = (p: PackedLayer) => ({ digest: p.layer.digest, ...withArchive({ ...p, archive: p.archive && path.relative(envsDir(opts.store.root), p.archive) }) });
     const body: Omit<EnvManifest, 'id' | 'created' | 'version' | 'name' | 'steps'> = {
       python,
       venvPath: r.venvPath,
-      venv: { digest: venv.layer.digest, ...rel(venv.archive), archiveBytes: venv.archiveBytes, repoPrefixFiles },
-      ...(repo && r.repo
-        ? { repoPath: r.repoPath!, repo: { digest: repo.layer.digest, ...rel(repo.archive), archiveBytes: repo.archiveBytes, source: r.repo.source, commit: commit! } }
-        : {}),
+      venv: { ...record(venv), repoPrefixFiles },
+      ...(r.repoPath ? { repoPath: r.repoPath } : {}),
+      ...(repo && r.repo ? { repo: { ...record(repo), source: r.repo.source, commit: commit! } } : {}),
     };
     const manifest: EnvManifest = {
       version: 1,
@@ -148,6 +168,7 @@ export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promis
       created: new Date().toISOString(),
       ...body,
       steps: r.steps,
+      ...(r.systemSitePackages ? { systemSitePackages: true } : {}),
     };
     await saveEnvManifest(opts.store.root, manifest);
     return envFromManifest(manifest, opts.store);
@@ -156,19 +177,37 @@ export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promis
   }
 }
 
+/**
+ * `pip` and `pip3` for a venv made --without-pip that borrows the base's
+ * pip: install commands that say `pip install` must reach the venv's
+ * interpreter (the base's own `pip` script would install into the base).
+ */
+async function writePipCommands(venvDir: string, venvPath: string): Promise<void> {
+  for (const name of ['pip', 'pip3']) {
+    await fsp.writeFile(path.join(venvDir, 'bin', name), `#!/bin/sh\nexec ${shellQuote(`${venvPath}/bin/python`)} -m pip "$@"\n`, { mode: 0o755 });
+  }
+}
+
 export interface BuildRepoOptions {
   store: LayerStore;
   /** Path the repo will have in sandboxes, recorded as the layer's prefix (default /testbed). */
   repoPath?: string;
   workRoot?: string;
+  /** Keep the .tar.zst archive (default true; extract mode needs it). false adds the checkout as a directory, with no archive made. */
   keepArchive?: boolean;
+  signal?: AbortSignal;
 }
 
 export interface RepoLayer {
   layer: Layer;
   commit: string;
   archive?: string;
-  archiveBytes: number;
+  /** Size of the archive, when one was made. */
+  archiveBytes?: number;
+}
+
+function withArchive(p: { archive?: string | undefined; archiveBytes?: number | undefined }): Pick<RepoLayer, 'archive' | 'archiveBytes'> {
+  return { ...(p.archive ? { archive: p.archive } : {}), ...(p.archiveBytes !== undefined ? { archiveBytes: p.archiveBytes } : {}) };
 }
 
 /** Where buildRepo remembers which layer a (source, full commit sha, repoPath) became. */
@@ -193,7 +232,7 @@ export async function buildRepo(repo: string, commit: string, opts: BuildRepoOpt
     try {
       const cached = JSON.parse(await fsp.readFile(cacheFile, 'utf8')) as Omit<RepoLayer, 'layer'> & { digest: string };
       const layer = await opts.store.get(cached.digest);
-      if (layer) return { layer, commit: cached.commit, archiveBytes: cached.archiveBytes, ...(cached.archive ? { archive: cached.archive } : {}) };
+      if (layer) return { layer, commit: cached.commit, ...withArchive(cached) };
     } catch {
       // not built yet, or unreadable: build it
     }
@@ -203,12 +242,17 @@ export async function buildRepo(repo: string, commit: string, opts: BuildRepoOpt
   const work = await fsp.mkdtemp(path.join(workRoot, 'repo-'));
   try {
     const info = await packRepoLayer(source, commit, { dest: path.join(work, 'repo') });
-    const packed = await packAsLayer(info.dir, opts.store, { name: `repo ${source}@${info.commit}`, prefix: repoPath, keepArchive: opts.keepArchive ?? true });
-    const result: RepoLayer = { layer: packed.layer, commit: info.commit, archiveBytes: packed.archiveBytes, ...(packed.archive ? { archive: packed.archive } : {}) };
+    const packed = await packAsLayer(info.dir, opts.store, {
+      name: `repo ${source}@${info.commit}`,
+      prefix: repoPath,
+      keepArchive: opts.keepArchive ?? true,
+      ...(opts.signal ? { signal: opts.signal } : {}),
+    });
+    const result: RepoLayer = { layer: packed.layer, commit: info.commit, ...withArchive(packed) };
     if (cacheable) {
       await fsp.mkdir(path.dirname(cacheFile), { recursive: true });
       const tmp = `${cacheFile}.tmp-${process.pid}`;
-      await fsp.writeFile(tmp, JSON.stringify({ digest: packed.layer.digest, commit: info.commit, archiveBytes: packed.archiveBytes, archive: packed.archive }));
+      await fsp.writeFile(tmp, JSON.stringify({ digest: packed.layer.digest, commit: info.commit, ...withArchive(packed) }));
       await fsp.rename(tmp, cacheFile);
     }
     return result;

@@ -4,7 +4,7 @@
  * sandboxes. See docs/environments.md.
  */
 export { EnvError } from './errors.js';
-export { resolvePython, probePython, pythonCandidates, pyenvRoots, type BasePython } from './python.js';
+export { resolvePython, findPython, probePython, pythonCandidates, pythonSearchPath, pyenvRoots, type BasePython, type PythonQuery } from './python.js';
 export { checkRecipe, checkEnvPath, DEFAULT_VENV_PATH, DEFAULT_REPO_PATH, type EnvRecipe, type EnvStep, type RepoSource, type CheckedRecipe } from './recipe.js';
 export {
   loadEnv,

@@ -35,9 +35,12 @@ export interface EnvManifest {
     /** Venv files embedding repoPath (editable .pth, finders, direct_url.json): rewritten when the repo moves. */
     repoPrefixFiles: PrefixFile[];
   };
+  /** Where the repo is in sandboxes; set without `repo` when the env was built with keepRepo: false. */
   repoPath?: string;
   repo?: EnvLayerRecord & { source: string; commit: string };
   steps: EnvStep[];
+  /** Built with recipe.systemSitePackages: the venv sees the base's packages. */
+  systemSitePackages?: true;
 }
 
 /** A built environment, with its layers resolved in the store. */

@@ -14,7 +14,7 @@ export type EnvStep =
   | { editable: string }
   /** Wheels from a host directory: the named requirements, or every *.whl in it. */
   | { wheels: string; packages?: string[] }
-  /** A shell command (sh -c) with the venv activated, in the repo if there is one. */
+  /** A shell command (bash -c) with the venv activated, in the repo if there is one. */
   | { run: string };
 
 export interface RepoSource {
@@ -40,6 +40,16 @@ export interface EnvRecipe {
   env?: Record<string, string>;
   /** Per-step limit (default 10 minutes). */
   stepTimeoutMs?: number;
+  /**
+   * The venv sees the base interpreter's packages (`venv
+   * --system-site-packages`). Offline, that is how a test runner installed
+   * in the base (pytest) reaches the venv. A base that has pip lends it too:
+   * no ensurepip (3.7 s and 26 MB per venv); `pip`/`pip3` in the venv run
+   * `python -m pip`, which installs into the venv. Default false.
+   */
+  systemSitePackages?: boolean;
+  /** Network during the build: 'none' (default; PIP_NO_INDEX=1) or 'host' (e.g. to reach a package index). */
+  network?: 'none' | 'host';
 }
 
 export const DEFAULT_VENV_PATH = '/opt/venv';
@@ -72,6 +82,8 @@ export interface CheckedRecipe {
   steps: EnvStep[];
   env: Record<string, string>;
   stepTimeoutMs: number;
+  systemSitePackages: boolean;
+  network: 'none' | 'host';
 }
 
 /** Validates a recipe up front, so a typo never costs a half-built venv. */
@@ -107,6 +119,12 @@ export function checkRecipe(recipe: EnvRecipe): CheckedRecipe {
   });
   for (const [k, v] of Object.entries(recipe.env ?? {}))
     if (typeof v !== 'string' || k === '' || k.includes('=')) throw new EnvError(`recipe.env.${k}: must be a name with a string value`);
+  const stepTimeoutMs = recipe.stepTimeoutMs ?? 10 * 60_000;
+  if (typeof stepTimeoutMs !== 'number' || !(stepTimeoutMs > 0)) throw new EnvError(`recipe.stepTimeoutMs: ${JSON.stringify(recipe.stepTimeoutMs)} must be a positive number of milliseconds`);
+  if (recipe.systemSitePackages !== undefined && typeof recipe.systemSitePackages !== 'boolean')
+    throw new EnvError(`recipe.systemSitePackages: ${JSON.stringify(recipe.systemSitePackages)} must be true or false`);
+  const network = recipe.network ?? 'none';
+  if (network !== 'none' && network !== 'host') throw new EnvError(`recipe.network: ${JSON.stringify(recipe.network)} must be 'none' or 'host'`);
   return {
     ...(recipe.name !== undefined ? { name: recipe.name } : {}),
     python: recipe.python,
@@ -114,6 +132,8 @@ export function checkRecipe(recipe: EnvRecipe): CheckedRecipe {
     ...(recipe.repo ? { repo: recipe.repo, repoPath } : {}),
     steps: checked,
     env: { ...(recipe.env ?? {}) },
-    stepTimeoutMs: recipe.stepTimeoutMs ?? 10 * 60_000,
+    stepTimeoutMs,
+    systemSitePackages: recipe.systemSitePackages ?? false,
+    network,
   };
 }

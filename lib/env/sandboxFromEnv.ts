@@ -7,7 +7,7 @@
  * upper (or extracted copy), never in the store or another sandbox.
  */
 import path from 'node:path';
-import { IoBudget, type LayerStore } from '../layers/index.js';
+import { IoBudget, type Layer, type LayerStore } from '../layers/index.js';
 import {
   Sandbox,
   type Command,
@@ -36,6 +36,12 @@ export interface EnvSandboxOptions extends SandboxCreateOptions {
   repoPath?: string;
   /** The env's store: its I/O budget bounds extract-mode unpacking (default: the budget in <storeRoot>/budget). */
   store?: LayerStore;
+  /**
+   * A repo layer to mount instead of the env's own (overlay mode): another
+   * commit of the same repository (buildRepo), so one env serves many.
+   * Mounted at repoPath, else the env's repoPath.
+   */
+  repo?: Layer;
 }
 
 export interface EnvSandboxSetup {
@@ -97,16 +103,21 @@ export async function createEnvSandbox(env: Env, opts: EnvSandboxOptions = {}): 
   // sandbox (holding no capabilities by default) could not edit the repo it
   // was given. Every process of an env sandbox, shells included, gets them
   // unless the caller names its own.
-  const { mode = 'overlay', venvPath: venvOpt, repoPath: repoOpt, store, capabilities = FILE_CAPABILITIES, ...sandboxOpts } = opts;
+  const { mode = 'overlay', venvPath: venvOpt, repoPath: repoOpt, store, repo: repoOverride, capabilities = FILE_CAPABILITIES, ...sandboxOpts } = opts;
   if (mode !== 'overlay' && mode !== 'extract') throw new EnvError(`env ${env.id}: mode ${JSON.stringify(mode)} must be 'overlay' or 'extract'`);
+  if (repoOverride && mode !== 'overlay') throw new EnvError(`env ${env.id}: a repo layer of its own needs mode 'overlay' (extract mode unpacks the env's archives)`);
+  const repo = repoOverride ?? env.repo;
+  // Where the repo was built: the env's path for its own layer, the layer's recorded prefix for another.
+  const repoBuiltAt = repoOverride ? (repoOverride.manifest.prefix ?? env.repoPath) : env.repoPath;
   const venvPath = venvOpt !== undefined ? checkEnvPath('venvPath', venvOpt) : env.venvPath;
-  const repoPath = env.repo ? (repoOpt !== undefined ? checkEnvPath('repoPath', repoOpt) : env.repoPath) : undefined;
-  if (repoOpt !== undefined && !env.repo) throw new EnvError(`env ${env.id}: repoPath given but the env has no repo`);
+  const repoPath = repo ? (repoOpt !== undefined ? checkEnvPath('repoPath', repoOpt) : (env.repoPath ?? repoBuiltAt)) : undefined;
+  if (repoOpt !== undefined && !repo) throw new EnvError(`env ${env.id}: repoPath given but the env has no repo`);
+  if (repo && !repoPath) throw new EnvError(`env ${env.id}: repo layer ${repo.digest} has no recorded path; give repoPath`);
 
   // What to rewrite in each layer when it moves (both lists come from the build).
   const venvRewrites: Rewrite[] = [{ from: env.venvPath, to: venvPath, files: env.venv.manifest.prefixFiles ?? [] }];
   if (env.repoPath && repoPath) venvRewrites.push({ from: env.repoPath, to: repoPath, files: env.manifest.venv.repoPrefixFiles });
-  const repoRewrites: Rewrite[] = env.repo && env.repoPath && repoPath ? [{ from: env.repoPath, to: repoPath, files: env.repo.manifest.prefixFiles ?? [] }] : [];
+  const repoRewrites: Rewrite[] = repo && repoBuiltAt && repoPath ? [{ from: repoBuiltAt, to: repoPath, files: repo.manifest.prefixFiles ?? [] }] : [];
 
   let scratch: PrivateTree | undefined;
   const scratchDir = async (name: string): Promise<string> => {
@@ -118,7 +129,7 @@ export async function createEnvSandbox(env: Env, opts: EnvSandboxOptions = {}): 
     let extractMs = 0;
     if (mode === 'overlay') {
       placed.venv = await placeOverlay(env.venv, venvPath, venvRewrites, () => scratchDir('venv'));
-      if (env.repo && repoPath) placed.repo = await placeOverlay(env.repo, repoPath, repoRewrites, () => scratchDir('repo'));
+      if (repo && repoPath) placed.repo = await placeOverlay(repo, repoPath, repoRewrites, () => scratchDir('repo'));
     } else {
       const budget = store?.budget ?? new IoBudget({ dir: path.join(env.storeRoot, 'budget') });
       const v = await placeExtracted(env.venv, env.archives.venv, venvPath, venvRewrites, await scratchDir('venv'), budget);

@@ -1,43 +1,40 @@
 /**
- * `minisandbox prepare | eval | demo`: the SWE pipeline from the command
- * line. Each command is `(args) => Promise<exitCode>`; lib/cli/main.ts
+ * `minisandbox prepare | eval | demo | tasks`: the SWE pipeline from the
+ * command line. Each command is `(args) => Promise<exitCode>`; lib/cli/main.ts
  * registers them with their help texts. Output: results on stdout,
  * progress and problems on stderr.
  */
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { UsageError } from '../cli/args.js';
-import { findPython } from './python.js';
+import { findPython, pythonSearchPath } from '../env/python.js';
 import { removeTree } from '../layers/fsTree.js';
 import { defaultStoreRoot, openStore } from '../layers/store.js';
 import { DEMO_PYTHON, createDemoTaskSet } from './demo/createDemoTaskSet.js';
-import { EnvLibProvider } from './pipeline/envLibProvider.js';
-import { LocalEnvProvider } from './pipeline/localProvider.js';
-import type { EnvProvider } from './pipeline/types.js';
-import { prepareTasks, type PrepareResult } from './pipeline/prepare.js';
+import { deriveTaskFile } from './derive.js';
+import { prepareTasks, type PrepareResult, type PrepareSummary } from './pipeline/prepare.js';
+import type { PrepareProgress } from './pipeline/types.js';
 import { createProgress, formatBytes, formatMs, formatTable } from './pipeline/progress.js';
 import { evaluateAll, type EvalRunReport } from './pipeline/runReport.js';
 import type { EvalResult } from './pipeline/evaluate.js';
 import { loadPredictions, loadTasks, type Prediction, type Task } from './tasks.js';
 
-export const PREPARE_HELP = `Usage: minisandbox prepare TASKS [--store DIR] [--jobs N] [--provider local|env]
+export const PREPARE_HELP = `Usage: minisandbox prepare TASKS [--store DIR] [--jobs N]
 
 Builds the environments of a task set (SWE-bench JSONL/JSON with recipe
 fields python, install, test_cmd, repo_path or repo_url): one venv layer
 per repo+version recipe, one repository layer per task at base_commit.
-Layers already in the store are reused. A task that cannot be prepared is
-reported with its reason; the others go on.
+Layers already in the store are reused. A task that cannot be read or
+prepared is reported with its reason; the others go on.
 
 Options:
   --store DIR   Layer store (default ${defaultStoreRoot()})
   --jobs N      Builds at once (default 2)
-  --provider P  local (default): venvs with --system-site-packages, layers
-                added as directories; env: lib/env's buildEnv/buildRepo
-                (plain venvs + zstd-packed layers; slower to build)
 
-Exit code: 0 if every task is ready, 1 if some failed, 2 on usage errors.`;
+Exit code: 0 if every task is ready, 1 if some were rejected or failed,
+2 on usage errors.`;
 
 export const EVAL_HELP = `Usage: minisandbox eval TASKS (--predictions PREDS | --gold) [OPTIONS]
 
@@ -51,10 +48,9 @@ Options:
   --gold               Evaluate each task's own gold patch instead
   --store DIR          Layer store (default ${defaultStoreRoot()})
   --jobs N             Evaluations (and builds) at once (default 2)
-  --provider P         Environment builder: local (default) or env (see prepare)
   --timeout S          Limit for one test run, seconds (default 1800)
   --report FILE        Write the report (SWE-bench run report + per-instance
-                       reports, rewards, timings) as JSON
+                       reports with every test's status, rewards, timings) as JSON
   --logs DIR           Write DIR/<instance_id>/{patch.diff,test_output.txt,report.json}
 
 Exit code: 0 if every prediction was evaluated (resolved or not), 1 if some
@@ -70,6 +66,26 @@ network. Exit code 0 when every gold patch resolves its task.
 Options:
   --jobs N   Builds and evaluations at once (default 2)
   --keep     Keep the temporary directory (task set, store, report)`;
+
+export const TASKS_HELP = `Usage: minisandbox tasks derive TASKS [--output FILE] [OPTIONS]
+
+derive: finds each task's FAIL_TO_PASS and PASS_TO_PASS, as SWE-bench's
+validation does: prepares the environments, runs test_cmd at base_commit
+with test_patch applied, and again with the gold patch too (each run in a
+fresh sandbox). FAIL_TO_PASS: tests that pass only with the gold patch;
+PASS_TO_PASS: tests that pass in both runs (PASSED or XFAIL; a skipped
+test is never in either). Lists the tasks already have are ignored.
+Writes the task set, each record as it was with the two lists replaced,
+as JSONL; a task the gold patch fixes nothing in is reported and left out.
+
+Options:
+  --output FILE   Where to write the derived task set (default stdout)
+  --store DIR     Layer store (default ${defaultStoreRoot()})
+  --jobs N        Builds and test runs at once (default 2)
+  --timeout S     Limit for one test run, seconds (default 1800)
+
+Exit code: 0 if every task was derived, 1 if some could not be, 2 on
+usage errors.`;
 
 function positiveInt(option: string, value: string | undefined, fallback: number): number {
   if (value === undefined) return fallback;
@@ -106,49 +122,52 @@ const err = (text: string) => process.stderr.write(text.endsWith('\n') ? text : 
 /** The valid tasks; each rejected one is named on stderr. */
 function readTasks(file: string): { tasks: Task[]; rejected: number } {
   const { tasks, errors } = loadTasks(file);
-  for (const e of errors) err(`skipping ${e.message}`);
+  reportRejected(errors);
   return { tasks, rejected: errors.length };
 }
 
-/** Prepares with a progress bar; prints failures one by one and the summary. */
-type ProviderName = 'local' | 'env';
-
-function providerName(value: string | boolean | undefined): ProviderName {
-  if (value === undefined || value === 'local') return 'local';
-  if (value === 'env') return 'env';
-  throw new UsageError(`--provider: expected "local" or "env", got "${String(value)}"`);
+function reportRejected(errors: readonly { message: string }[]): void {
+  for (const e of errors) err(`skipping ${e.message}`);
 }
 
-async function prepareWithProgress(tasks: Task[], storeDir: string, jobs: number, which: ProviderName = 'local'): Promise<PrepareResult> {
-  const store = await openStore({ root: storeDir });
-  const provider: EnvProvider = which === 'env' ? new EnvLibProvider({ store }) : new LocalEnvProvider({ store });
+/** Progress of preparation on one line of stderr, failures above it. */
+function prepareProgress(): { onProgress: (e: PrepareProgress) => void; end: () => void } {
   const progress = createProgress();
-  const result = await prepareTasks(tasks, {
-    provider,
-    concurrency: jobs,
+  return {
     onProgress: (e) => {
       if (e.status === 'failed') progress.log(`failed: ${e.label}: ${e.error?.split('\n')[0]}`);
       progress.update(e.done, e.total, `${e.status === 'start' ? 'building' : e.status} ${e.label}`);
     },
-  });
-  progress.end();
-  for (const f of result.failures) err(`not prepared: ${f.message}`);
-  const s = result.summary;
+    end: () => progress.end(),
+  };
+}
+
+/** "prepared 3/5 tasks in 2.1 s: ...; 1 rejected, 1 failed": the file's tasks all counted. */
+function printPrepareSummary(s: PrepareSummary, rejected: number, storeDir: string): void {
   err(
-    `prepared ${s.prepared}/${s.tasks} tasks in ${formatMs(s.durationMs)}: ` +
+    `prepared ${s.prepared}/${s.tasks + rejected} tasks in ${formatMs(s.durationMs)}: ` +
       `venvs ${s.envs.built} built, ${s.envs.reused} reused, ${s.envs.failed} failed; ` +
       `repos ${s.repos.built} built, ${s.repos.reused} reused, ${s.repos.failed} failed; ` +
-      `${s.failed} task(s) failed` +
+      `${rejected} task(s) rejected, ${s.failed} failed` +
       (s.diskBytes !== undefined ? `; store ${storeDir} uses ${formatBytes(s.diskBytes)}` : ''),
   );
+}
+
+/** Prepares with a progress bar; prints failures one by one and the summary. */
+async function prepareWithProgress(tasks: Task[], storeDir: string, jobs: number, rejected: number): Promise<PrepareResult> {
+  const store = await openStore({ root: storeDir });
+  const progress = prepareProgress();
+  const result = await prepareTasks(tasks, { store, concurrency: jobs, onProgress: progress.onProgress });
+  progress.end();
+  for (const f of result.failures) err(`not prepared: ${f.message}`);
+  printPrepareSummary(result.summary, rejected, storeDir);
   return result;
 }
 
 export async function prepareCommand(args: string[]): Promise<number> {
-  const { values, positionals } = parse(args, { store: { type: 'string' }, jobs: { type: 'string' }, provider: { type: 'string' } }, 1);
-  const which = providerName(values.provider);
+  const { values, positionals } = parse(args, { store: { type: 'string' }, jobs: { type: 'string' } }, 1);
   const { tasks, rejected } = readTasks(positionals[0]!);
-  const result = await prepareWithProgress(tasks, resolve((values.store as string | undefined) ?? defaultStoreRoot()), positiveInt('--jobs', values.jobs as string | undefined, 2), which);
+  const result = await prepareWithProgress(tasks, resolve((values.store as string | undefined) ?? defaultStoreRoot()), positiveInt('--jobs', values.jobs as string | undefined, 2), rejected);
   return result.failures.length === 0 && rejected === 0 ? 0 : 1;
 }
 
@@ -160,7 +179,8 @@ interface RunOptions {
   timeoutMs: number;
   reportFile?: string;
   logsDir?: string;
-  provider?: ProviderName;
+  /** Tasks of the file that could not be read (for the summary). */
+  rejected?: number;
 }
 
 function writeLogs(dir: string, results: EvalResult[], predictions: Prediction[]): void {
@@ -208,7 +228,7 @@ function printReport(report: EvalRunReport, results: EvalResult[]): void {
 async function runEvaluation(o: RunOptions): Promise<{ report: EvalRunReport; results: EvalResult[] }> {
   const wanted = new Set(o.predictions.map((p) => p.instance_id));
   // Only tasks with a prediction need an environment.
-  const prep = await prepareWithProgress(o.tasks.filter((t) => wanted.has(t.instance_id)), o.storeDir, o.jobs, o.provider);
+  const prep = await prepareWithProgress(o.tasks.filter((t) => wanted.has(t.instance_id)), o.storeDir, o.jobs, o.rejected ?? 0);
   const progress = createProgress();
   const { results, report } = await evaluateAll(o.tasks, o.predictions, {
     prepared: prep.prepared,
@@ -237,13 +257,11 @@ export async function evalCommand(args: string[]): Promise<number> {
       timeout: { type: 'string' },
       report: { type: 'string' },
       logs: { type: 'string' },
-      provider: { type: 'string' },
     },
     1,
   );
-  const provider = providerName(values.provider);
   if (!values.gold === (values.predictions === undefined)) throw new UsageError('give exactly one of --predictions PREDS and --gold');
-  const { tasks } = readTasks(positionals[0]!);
+  const { tasks, rejected } = readTasks(positionals[0]!);
   let predictions: Prediction[];
   if (values.gold) {
     predictions = tasks.map((t) => ({ instance_id: t.instance_id, model_patch: t.patch, model_name_or_path: 'gold' }));
@@ -260,7 +278,7 @@ export async function evalCommand(args: string[]): Promise<number> {
     timeoutMs: positiveNumber('--timeout', values.timeout as string | undefined, 1800) * 1000,
     ...(values.report ? { reportFile: resolve(values.report as string) } : {}),
     ...(values.logs ? { logsDir: resolve(values.logs as string) } : {}),
-    provider,
+    rejected,
   });
   return report.error_instances === 0 ? 0 : 1;
 }
@@ -272,7 +290,7 @@ export async function demoCommand(args: string[]): Promise<number> {
   // pytest; without one every test would just fail, which explains nothing.
   if (!findPython({ version: DEMO_PYTHON, modules: ['pytest'] })) {
     err(
-      `demo: no Python ${DEMO_PYTHON} with pytest found (looked in PYENV_ROOT, ~/.pyenv, /root/.pyenv and PATH; ` +
+      `demo: no Python ${DEMO_PYTHON} with pytest found (looked in ${pythonSearchPath().join(', ')}; ` +
         'an unreadable /root hides /root/.pyenv from other users: chmod o+x /root, or install pytest for a system Python)',
     );
     return 1;
@@ -296,4 +314,39 @@ export async function demoCommand(args: string[]): Promise<number> {
     if (values.keep) err(`kept ${dir}`);
     else await removeTree(dir);
   }
+}
+
+export async function tasksCommand(args: string[]): Promise<number> {
+  const [sub, ...rest] = args;
+  if (sub !== 'derive') throw new UsageError(sub === undefined ? 'expected a subcommand: derive' : `unknown subcommand "${sub}" (expected derive)`);
+  const { values, positionals } = parse(rest, { output: { type: 'string' }, store: { type: 'string' }, jobs: { type: 'string' }, timeout: { type: 'string' } }, 1);
+  const storeDir = resolve((values.store as string | undefined) ?? defaultStoreRoot());
+  const output = values.output === undefined ? undefined : resolve(values.output as string);
+  const jobs = positiveInt('--jobs', values.jobs as string | undefined, 2);
+  const timeoutMs = positiveNumber('--timeout', values.timeout as string | undefined, 1800) * 1000;
+  const prepare = prepareProgress();
+  const runs = createProgress();
+  const derived = await deriveTaskFile(positionals[0]!, {
+    store: await openStore({ root: storeDir }),
+    concurrency: jobs,
+    timeoutMs,
+    onProgress: prepare.onProgress,
+    onResult: (r, done, total) => runs.update(done, total, `${r.instance_id}: ${r.error ? 'not derived' : `${r.tests!.FAIL_TO_PASS.length} FAIL_TO_PASS, ${r.tests!.PASS_TO_PASS.length} PASS_TO_PASS`}`),
+    ...(output ? { outputDir: dirname(output) } : {}),
+  });
+  prepare.end();
+  runs.end();
+  reportRejected(derived.rejected);
+  printPrepareSummary(derived.prepare, derived.rejected.length, storeDir);
+  const rows = [['instance', 'FAIL_TO_PASS', 'PASS_TO_PASS', 'FAIL_TO_FAIL', 'PASS_TO_FAIL']];
+  for (const r of derived.results) {
+    if (r.error !== undefined) err(`not derived: ${r.error}`);
+    if (r.tests) rows.push([r.instance_id, ...(['FAIL_TO_PASS', 'PASS_TO_PASS', 'FAIL_TO_FAIL', 'PASS_TO_FAIL'] as const).map((k) => String(r.tests![k].length))]);
+  }
+  const body = derived.lines.map((l) => `${l}\n`).join('');
+  if (output) writeFileSync(output, body);
+  else process.stdout.write(body);
+  err(formatTable(rows));
+  err(`derived ${derived.lines.length}/${derived.results.length + derived.rejected.length} tasks${output ? `; written to ${output}` : ''}`);
+  return derived.lines.length === derived.results.length && derived.rejected.length === 0 ? 0 : 1;
 }

@@ -22,9 +22,17 @@ export interface TestGroupResult {
   failure: string[];
 }
 
+/**
+ * SWE-bench's `tests_status`: the task's lists split by outcome.
+ * FAIL_TO_FAIL and PASS_TO_FAIL are always there and empty, as SWE-bench's
+ * harness writes them (it fills them only when told to, from lists task
+ * sets do not carry), so code written for its report.json reads ours.
+ */
 export interface TestsStatus {
   FAIL_TO_PASS: TestGroupResult;
   PASS_TO_PASS: TestGroupResult;
+  FAIL_TO_FAIL: TestGroupResult;
+  PASS_TO_FAIL: TestGroupResult;
 }
 
 /** Per-instance report, SWE-bench's `report.json` value for one instance. */
@@ -35,6 +43,12 @@ export interface InstanceReport {
   resolved: boolean;
   /** Present whenever tests were run and their log parsed. */
   tests_status?: TestsStatus;
+  /**
+   * Every test the log reports, with its status, in log order (not only
+   * the task's lists): what changed elsewhere in the suite. MiniSandbox's
+   * addition; present with tests_status.
+   */
+  test_statuses?: Record<string, TestStatus>;
 }
 
 /** SWE-bench's report.json: `{ [instance_id]: InstanceReport }`. */
@@ -92,9 +106,19 @@ export function gradeTests(task: GradedTask, statuses: TestStatusMap): TestsStat
     return result;
   };
   return {
-    FAIL_TO_PASS: group(task.FAIL_TO_PASS, (s) => s === 'PASSED' || s === 'XFAIL'),
-    PASS_TO_PASS: group(task.PASS_TO_PASS, (s) => s === 'PASSED' || s === 'XFAIL' || s === 'SKIPPED'),
+    FAIL_TO_PASS: group(task.FAIL_TO_PASS, isPass),
+    PASS_TO_PASS: group(task.PASS_TO_PASS, (s) => isPass(s) || s === 'SKIPPED'),
+    FAIL_TO_FAIL: { success: [], failure: [] },
+    PASS_TO_FAIL: { success: [], failure: [] },
   };
+}
+
+/**
+ * SWE-bench's "passed" (test_passed): PASSED or XFAIL. A skipped or
+ * missing test proves nothing, so it never counts as a pass.
+ */
+export function isPass(status: TestStatus | undefined): boolean {
+  return status === 'PASSED' || status === 'XFAIL';
 }
 
 function fraction(group: TestGroupResult): number {
@@ -120,13 +144,15 @@ export function gradeInstance(task: GradedTask, input: GradeInput): GradeResult 
   });
 
   if (!report.patch_exists) return unresolved(report.patch_is_None ? 'no patch (None)' : 'empty patch');
-  if (!input.patchApplied) return unresolved('model patch did not apply');
+  // The harness failing before the patch was tried says nothing of the patch.
+  if (!input.patchApplied) return unresolved(input.harnessError !== undefined ? `evaluation error: ${input.harnessError}` : 'model patch did not apply');
   report.patch_successfully_applied = true;
   if (input.harnessError !== undefined) return unresolved(`evaluation error: ${input.harnessError}`);
   if (input.statuses === undefined) return unresolved('tests did not run');
 
   const tests = gradeTests(task, input.statuses);
   report.tests_status = tests;
+  report.test_statuses = Object.fromEntries(input.statuses);
   const f2p = fraction(tests.FAIL_TO_PASS);
   const p2p = fraction(tests.PASS_TO_PASS);
   // Tests that finished before the limit are still reported, but a run cut

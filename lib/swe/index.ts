@@ -1,7 +1,13 @@
-/** SWE-bench-style task evaluation: the sandbox-independent parts. */
+/**
+ * SWE-bench-style task sets: loading, log parsing and grading (pure
+ * functions), preparing environments and evaluating patches in sandboxes.
+ * Importing this module does not load the native addon: the pipeline loads
+ * it when it first builds or starts a sandbox, so the parsers and the grader
+ * work on any machine. Interpreters are found by minisandbox/env's
+ * findPython.
+ */
 export * from './tasks.js';
 export * from './logParsers.js';
 export * from './grading.js';
-export { findPython, probePython, pythonCandidates, type FindPythonOptions, type PythonInterpreter } from './python.js';
 export { recordStatus } from './testStatus.js';
 export * from './pipeline/index.js';

@@ -39,7 +39,10 @@ export interface Task {
   PASS_TO_PASS: string[];
   /** Base Python version, "major.minor[.patch]", e.g. "3.11". */
   python: string;
-  /** Shell commands run in the repo, inside the venv, to install it. */
+  /**
+   * Shell commands run in the repo, inside the venv, to install it. A file
+   * may give one string, as SWE-bench's specs write it: one command.
+   */
   install: string[];
   /** Shell command that runs the tests, e.g. "python -m pytest -rA tests". */
   test_cmd: string;
@@ -75,6 +78,12 @@ export interface ParseTasksOptions {
    * the task file's directory so a task set can be moved as a whole.
    */
   baseDir?: string;
+  /**
+   * 'optional' accepts tasks without FAIL_TO_PASS / PASS_TO_PASS (absent
+   * lists become []): a task set being built, whose lists `tasks derive`
+   * finds. Default 'required'.
+   */
+  testLists?: 'required' | 'optional';
 }
 
 // SWE-bench commits are full SHA-1s; abbreviations are accepted, refs are
@@ -84,9 +93,9 @@ const COMMIT_SHA = /^[0-9a-f]{7,40}$/;
 const PYTHON_VERSION = /^\d+\.\d+(\.\d+)?$/;
 
 /** Reads a task file; the format comes from the extension or the content. */
-export function loadTasks(path: string, format?: RecordFileFormat): TaskLoadResult {
+export function loadTasks(path: string, format?: RecordFileFormat, options: Omit<ParseTasksOptions, 'baseDir'> = {}): TaskLoadResult {
   const text = readTextFile(path, 'task');
-  return parseTasks(text, format ?? guessFormat(path, text), { baseDir: dirname(resolve(path)) });
+  return parseTasks(text, format ?? guessFormat(path, text), { ...options, baseDir: dirname(resolve(path)) });
 }
 
 export function parseTasks(text: string, format: RecordFileFormat, options: ParseTasksOptions = {}): TaskLoadResult {
@@ -131,6 +140,8 @@ function readTask(
   const raw = value as Record<string, unknown>;
   const fields = new FieldReader(raw);
   const instanceId = fields.string('instance_id');
+  const testList = (field: 'FAIL_TO_PASS' | 'PASS_TO_PASS') =>
+    options.testLists === 'optional' && !fields.has(field) ? [] : fields.stringList(field, true);
   const task: Task = {
     instance_id: instanceId,
     repo: fields.string('repo'),
@@ -138,10 +149,10 @@ function readTask(
     version: fields.string('version'),
     patch: fields.string('patch', true),
     test_patch: fields.string('test_patch', true),
-    FAIL_TO_PASS: fields.stringList('FAIL_TO_PASS', true),
-    PASS_TO_PASS: fields.stringList('PASS_TO_PASS', true),
+    FAIL_TO_PASS: testList('FAIL_TO_PASS'),
+    PASS_TO_PASS: testList('PASS_TO_PASS'),
     python: fields.string('python'),
-    install: fields.stringList('install'),
+    install: typeof raw.install === 'string' ? [fields.string('install')] : fields.stringList('install'),
     test_cmd: fields.string('test_cmd'),
   };
   const optional = ['environment_setup_commit', 'repo_path', 'repo_url', 'problem_statement', 'hints_text', 'created_at'] as const;
@@ -149,7 +160,7 @@ function readTask(
     const text = fields.optionalString(field);
     if (text !== undefined) task[field] = text;
   }
-  checkRecipe(task, raw, fields.problems);
+  checkRecipe(task, raw, fields.problems, options.testLists ?? 'required');
   if (task.repo_path !== undefined && options.baseDir !== undefined && !isAbsolute(task.repo_path)) {
     task.repo_path = resolve(options.baseDir, task.repo_path);
   }
@@ -157,7 +168,7 @@ function readTask(
 }
 
 /** Semantic checks beyond field types. */
-function checkRecipe(task: Task, raw: Record<string, unknown>, problems: string[]): void {
+function checkRecipe(task: Task, raw: Record<string, unknown>, problems: string[], testLists: 'required' | 'optional'): void {
   for (const field of ['base_commit', 'environment_setup_commit'] as const) {
     const commit = task[field];
     if (commit && !COMMIT_SHA.test(commit)) {
@@ -167,7 +178,7 @@ function checkRecipe(task: Task, raw: Record<string, unknown>, problems: string[
   if (task.python && !PYTHON_VERSION.test(task.python)) {
     problems.push(`"python" must be a version like "3.11", got "${task.python}"`);
   }
-  if (Array.isArray(raw.FAIL_TO_PASS) || typeof raw.FAIL_TO_PASS === 'string') {
+  if (testLists === 'required' && (Array.isArray(raw.FAIL_TO_PASS) || typeof raw.FAIL_TO_PASS === 'string')) {
     // An empty FAIL_TO_PASS would make every patch "resolve" the task.
     if (task.FAIL_TO_PASS.length === 0 && !problems.some((p) => p.includes('"FAIL_TO_PASS"'))) {
       problems.push('"FAIL_TO_PASS" must list at least one test');

@@ -188,11 +188,50 @@ except OSError as e:
     await Promise.all(sbs.map((s) => out(s, 'python -c "import hello_pkg" && touch /testbed/new-file')));
     await Promise.all(sbs.map((s) => s.close()));
     const after = await store.du();
-    expect(after.diskBytes - before.diskBytes).toBeLessThan(repo.archiveBytes * 20 + (1 << 20));
+    expect(after.diskBytes - before.diskBytes).toBeLessThan(repo.archiveBytes! * 20 + (1 << 20));
     // Three sandboxes did not make three copies of the venv.
     expect(duBytes(path.join(store.root, 'layers', env.venv.digest))).toBeGreaterThan(0);
     expect(after.layers).toBe((await store.list()).length);
   });
+});
+
+describe.skipIf(!python)("the fast path: the base's packages, no archives, one env for many commits", () => {
+  const tmp = tempDir('msbx-env-fast-');
+  afterAll(() => tmp.remove());
+
+  it('builds without ensurepip or archives and mounts another commit of the repo', async () => {
+    const store = await openStore({ root: path.join(tmp.path, 'store') });
+    const repoSrc = path.join(tmp.path, 'repo-src');
+    const files = (answer: string) => ({
+      name: 'testbed-mod',
+      sourceRoot: 'src' as const,
+      packages: ['testbed_mod'],
+      files: { 'src/testbed_mod/__init__.py': `def answer():\n    return "${answer}"\n` },
+    });
+    const setup = gitRepo(repoSrc, files('setup'));
+    writePackage(repoSrc, files('later'));
+    const later = spawnSync('sh', ['-c', 'git add -A && git -c user.name=t -c user.email=t@t commit -qm later && git rev-parse HEAD'], { cwd: repoSrc, encoding: 'utf8' }).stdout.trim();
+    const env = await buildEnv(
+      // `pip install` (not python -m pip): the venv's own pip command must reach the base's pip.
+      { python: python!.path, repo: { source: repoSrc, commit: setup }, steps: [{ run: 'pip install -q --no-build-isolation --no-deps -e .' }], systemSitePackages: true },
+      { store, keepArchives: false, keepRepo: false },
+    );
+    expect(env.manifest.systemSitePackages).toBe(true);
+    expect(env.archives).toEqual({});
+    expect(env.manifest.venv.archive).toBeUndefined();
+    expect(readdirSync(path.join(store.root, 'envs')).filter((n) => n === 'archives' || n.endsWith('.tar.zst'))).toEqual([]);
+    expect(env.repo).toBeUndefined();
+    expect(env.repoPath).toBe('/testbed');
+    // No ensurepip when the base has pip: the venv holds no pip of its own.
+    expect(readdirSync(path.join(env.venv.path, 'lib', readdirSync(path.join(env.venv.path, 'lib'))[0]!, 'site-packages')).some((n) => n.startsWith('pip'))).toBe(!python!.hasPip);
+
+    const repo = await buildRepo(repoSrc, later, { store, keepArchive: false });
+    expect(repo.archive).toBeUndefined();
+    await using sb = await createEnvSandbox(env, { repo: repo.layer });
+    expect(await out(sb, `pwd; python -c 'import testbed_mod; print(testbed_mod.answer())'`)).toBe('/testbed\nlater');
+    expect(await out(sb, 'git rev-parse HEAD')).toBe(later);
+    await expect(createEnvSandbox(env, { repo: repo.layer, mode: 'extract' })).rejects.toThrow(/a repo layer of its own needs mode 'overlay'/);
+  }, 300_000);
 });
 
 describe.skipIf(!python)('env build errors', () => {
@@ -228,6 +267,9 @@ describe('recipe and interpreter checks (no build)', () => {
       [{ python: '3.11', steps: [{ frobnicate: 1 }] }, /is not one of/],
       [{ python: '/nonexistent/python3' }, /python \/nonexistent\/python3: not usable as a venv base: cannot run it/],
       [{ python: '1.2' }, /python 1.2: no usable interpreter found/],
+      [{ python: '3.11', network: 'lan' }, /recipe.network: "lan" must be 'none' or 'host'/],
+      [{ python: '3.11', systemSitePackages: 'yes' }, /recipe.systemSitePackages: "yes" must be true or false/],
+      [{ python: '3.11', stepTimeoutMs: -1 }, /recipe.stepTimeoutMs: -1 must be a positive number/],
     ];
     for (const [recipe, re] of bad) await expect(buildEnv(recipe as never, { store })).rejects.toThrow(re);
     await expect(loadEnv('../../etc/passwd', { store })).rejects.toThrow(/not an env id/);

@@ -13,7 +13,7 @@ import { openStore } from '../../lib/layers/index.js';
 import { FILE_CAPABILITIES } from '../../lib/sandbox/policy.js';
 import { isRoot, tempDir } from '../helpers.js';
 import { basePython, canCompile, writePackage } from './fixtures.js';
-import { findPython } from '../../lib/swe/python.js';
+import { findPython } from '../../lib/env/index.js';
 
 const { python, reason } = basePython();
 const compiles = python ? canCompile(python) : false;
@@ -52,11 +52,10 @@ describe.skipIf(!!skip)('an agent workload under the default filter and id mappi
       {
         name: 'workload',
         python: python!.path,
-        steps: [
-          // Built in a sandbox: gcc compiles the extension there.
-          { package: fast },
-          { run: `sed -i 's/^include-system-site-packages = false$/include-system-site-packages = true/' "$VIRTUAL_ENV/pyvenv.cfg"` },
-        ],
+        // Built in a sandbox: gcc compiles the extension there.
+        steps: [{ package: fast }],
+        // pytest, and pip, from the base interpreter: the SWE pipeline's venvs.
+        systemSitePackages: true,
       },
       { store },
     );
@@ -83,7 +82,8 @@ describe.skipIf(!!skip)('an agent workload under the default filter and id mappi
   it('imports the extension gcc built, and pip installs another package at run time', async () => {
     expect(await ok('python -c "import fastmath; print(fastmath.add(2, 3))"')).toBe('5\n');
     await ok('pip install --no-index --no-build-isolation --no-deps -q /src/later-pkg');
-    expect(await ok('python -c "import later_pkg; print(later_pkg.X)"')).toBe('7\n');
+    // `pip` is the venv's (python -m pip with the base's pip): the package lands in the venv, not the base.
+    expect(await ok('python -c "import later_pkg; print(later_pkg.X, later_pkg.__file__)"')).toMatch(new RegExp(`^7 ${env.venvPath}/lib/`));
     // And compiles C at run time too.
     await ok('printf "int main(void){return 0;}" > /tmp/t.c && gcc /tmp/t.c -o /tmp/t && /tmp/t');
   });

@@ -110,7 +110,10 @@ describe.skipIf(!pytestPython)(`demo tasks graded from real pytest runs (${pytes
       tests_status: {
         FAIL_TO_PASS: { success: task.FAIL_TO_PASS, failure: [] },
         PASS_TO_PASS: { success: task.PASS_TO_PASS, failure: [] },
+        FAIL_TO_FAIL: { success: [], failure: [] },
+        PASS_TO_FAIL: { success: [], failure: [] },
       },
+      test_statuses: expect.any(Object),
     });
     expect(result.reward).toEqual({ reward: 1, resolved: true, failToPassFraction: 1, passToPassFraction: 1, reason: 'all tests pass' });
   });

@@ -27,7 +27,10 @@ describe('gradeInstance', () => {
         tests_status: {
           FAIL_TO_PASS: { success: task.FAIL_TO_PASS, failure: [] },
           PASS_TO_PASS: { success: task.PASS_TO_PASS, failure: [] },
+          FAIL_TO_FAIL: { success: [], failure: [] },
+          PASS_TO_FAIL: { success: [], failure: [] },
         },
+        test_statuses: Object.fromEntries(allPass),
       },
     });
     expect(result.reward).toEqual({ reward: 1, resolved: true, failToPassFraction: 1, passToPassFraction: 1, reason: 'all tests pass' });
@@ -42,6 +45,8 @@ describe('gradeInstance', () => {
     expect(result.report.tests_status).toEqual({
       FAIL_TO_PASS: { success: [], failure: task.FAIL_TO_PASS },
       PASS_TO_PASS: { success: ['t.py::test_keep_b'], failure: ['t.py::test_keep_a'] },
+      FAIL_TO_FAIL: { success: [], failure: [] },
+      PASS_TO_FAIL: { success: [], failure: [] },
     });
     expect(result.reward).toEqual({
       reward: 0,
@@ -67,6 +72,10 @@ describe('gradeInstance', () => {
     const harness = gradeInstance(task, { modelPatch: 'diff', patchApplied: true, harnessError: 'test_patch did not apply' });
     expect(harness.reward.reason).toBe('evaluation error: test_patch did not apply');
     expect(harness.report.tests_status).toBeUndefined();
+    // A harness that failed before trying the patch says nothing of the patch.
+    const early = gradeInstance(task, { modelPatch: 'diff', patchApplied: false, harnessError: 'sandbox did not start' });
+    expect(early.report.patch_successfully_applied).toBe(false);
+    expect(early.reward.reason).toBe('evaluation error: sandbox did not start');
   });
 
   it('matches unittest ids across Python versions', () => {

@@ -3,21 +3,21 @@ import { spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { findPython, type PythonInterpreter } from '../../lib/swe/python.js';
+import { findPython, pythonSearchPath, type BasePython } from '../../lib/env/python.js';
 
 /** Python 3.11 with pytest (what the demo tasks ask for), else any Python with pytest. */
-export const pytestPython: PythonInterpreter | undefined =
+export const pytestPython: BasePython | undefined =
   findPython({ version: '3.11', modules: ['pytest'] }) ?? findPython({ modules: ['pytest'] });
 
 /** Any Python 3 for unittest, preferring 3.11+ output format. */
-export const unittestPython: PythonInterpreter | undefined = findPython({ version: '3.11' }) ?? findPython();
+export const unittestPython: BasePython | undefined = findPython({ version: '3.11' }) ?? findPython();
 
 /** A pre-3.11 Python, whose unittest output uses the older description form. */
-export const oldUnittestPython: PythonInterpreter | undefined = ['3.10', '3.9', '3.8'].reduce<
-  PythonInterpreter | undefined
+export const oldUnittestPython: BasePython | undefined = ['3.10', '3.9', '3.8'].reduce<
+  BasePython | undefined
 >((found, version) => found ?? findPython({ version }), undefined);
 
-export const NO_PYTEST_REASON = 'no Python interpreter with pytest found (looked in PYENV_ROOT, ~/.pyenv, /root/.pyenv, PATH)';
+export const NO_PYTEST_REASON = `no Python interpreter with pytest found (looked in ${pythonSearchPath().join(', ')})`;
 
 export interface RunResult {
   status: number | null;

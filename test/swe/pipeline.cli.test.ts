@@ -1,5 +1,5 @@
 /** The prepare/eval commands as a user runs them: files in, report and summary out. */
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { UsageError } from '../../lib/cli/args.js';
@@ -49,6 +49,15 @@ suite('swe commands', () => {
     expect(second.stderr).toMatch(/venvs 0 built, 4 reused, 0 failed; repos 0 built, 4 reused/);
   }, 60_000);
 
+  it('prepare counts the tasks it rejected when reading the file', async () => {
+    const file = join(demo.dir, 'with-rejected.jsonl'); // next to the repos its relative repo_paths name
+    writeFileSync(file, `${readFileSync(demo.tasksFile, 'utf8').trim()}\n{"instance_id": "broken-1"}\n`);
+    const r = await capture(() => prepareCommand([file, '--store', join(dir.path, 'store')]));
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/^skipping task "broken-1" \(line 5\): missing field "repo"/m);
+    expect(r.stderr).toMatch(/prepared 4\/5 tasks .*; 1 task\(s\) rejected, 0 failed/);
+  }, 60_000);
+
   it('eval writes a SWE-bench report with rewards and timings, and per-instance logs', async () => {
     const report = join(dir.path, 'report.json');
     const logs = join(dir.path, 'logs');
@@ -64,7 +73,15 @@ suite('swe commands', () => {
     expect(parsed.unresolved_ids).toEqual(partialIds);
     expect(parsed.resolved_instances).toBe(0);
     for (const id of partialIds) {
-      expect(parsed.instances[id]!.tests_status!.FAIL_TO_PASS.failure.length).toBeGreaterThan(0);
+      const task = demo.tasks.find((t) => t.instance_id === id)!;
+      const instance = parsed.instances[id]!;
+      expect(instance.tests_status!.FAIL_TO_PASS.failure.length).toBeGreaterThan(0);
+      // SWE-bench's four groups, and every test of the run with its status.
+      expect(Object.keys(instance.tests_status!)).toEqual(['FAIL_TO_PASS', 'PASS_TO_PASS', 'FAIL_TO_FAIL', 'PASS_TO_FAIL']);
+      expect(Object.keys(instance.test_statuses!).sort()).toEqual([...task.FAIL_TO_PASS, ...task.PASS_TO_PASS].sort());
+      expect(Object.values(instance.test_statuses!)).toContain('FAILED');
+      const perInstance = JSON.parse(readFileSync(join(logs, id, 'report.json'), 'utf8')) as Record<string, EvalRunReport['instances'][string]>;
+      expect(perInstance).toEqual({ [id]: instance });
       expect(parsed.rewards[id]!.reward).toBe(0);
       expect(parsed.timings[id]!.testsMs).toBeGreaterThan(0);
       expect(existsSync(join(logs, id, 'test_output.txt'))).toBe(true);

@@ -9,7 +9,6 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openStore } from '../../lib/layers/store.js';
 import { createDemoTaskSet, type DemoTaskSet } from '../../lib/swe/demo/index.js';
 import { evaluate } from '../../lib/swe/pipeline/evaluate.js';
-import { LocalEnvProvider } from '../../lib/swe/pipeline/localProvider.js';
 import { prepareTasks, type PrepareResult } from '../../lib/swe/pipeline/prepare.js';
 import { evaluateAll } from '../../lib/swe/pipeline/runReport.js';
 import type { Task } from '../../lib/swe/tasks.js';
@@ -35,6 +34,10 @@ function unknownCommit(base: Task): Task {
   return { ...base, instance_id: 'broken__commit-1', base_commit: 'deadbeefdeadbeefdeadbeefdeadbeefdeadbeef' };
 }
 
+function noPython(base: Task): Task {
+  return { ...base, instance_id: 'broken__python-1', python: '2.1' };
+}
+
 function missingField(base: Task): Task {
   const { test_cmd: _drop, ...rest } = base;
   return { ...rest, instance_id: 'broken__fields-1' } as Task;
@@ -46,10 +49,10 @@ beforeAll(async () => {
   stateDir = join(dir.path, 'state');
   demo = createDemoTaskSet(join(dir.path, 'taskset'));
   const store = await openStore({ root: join(dir.path, 'store') });
-  const provider = new LocalEnvProvider({ store, stateDir });
   const [first] = demo.tasks;
-  prep = await prepareTasks([...demo.tasks, brokenRecipe(first!), unknownCommit(first!), missingField(first!)], {
-    provider,
+  prep = await prepareTasks([...demo.tasks, brokenRecipe(first!), unknownCommit(first!), missingField(first!), noPython(first!)], {
+    store,
+    stateDir,
     concurrency: 2,
     onProgress: (e) => progress.push(`${e.status} ${e.label}`),
   });
@@ -61,9 +64,11 @@ suite('prepareTasks', () => {
   it('prepares every good task and reports each bad one with its reason', () => {
     expect([...prep.prepared.keys()].sort()).toEqual(demo.tasks.map((t) => t.instance_id).sort());
     const byId = Object.fromEntries(prep.failures.map((f) => [f.instance_id, f]));
-    expect(Object.keys(byId).sort()).toEqual(['broken__commit-1', 'broken__fields-1', 'broken__recipe-1']);
+    expect(Object.keys(byId).sort()).toEqual(['broken__commit-1', 'broken__fields-1', 'broken__python-1', 'broken__recipe-1']);
     expect(byId['broken__recipe-1']!.stage).toBe('venv');
-    expect(byId['broken__recipe-1']!.message).toMatch(/install\[0\].*failed \(exit 3\)[\s\S]*no such package: frobnicate/);
+    expect(byId['broken__recipe-1']!.message).toMatch(/step 0 \(run "echo .*"\) failed \(exit 3\)[\s\S]*no such package: frobnicate/);
+    expect(byId['broken__python-1']!.stage).toBe('python');
+    expect(byId['broken__python-1']!.message).toMatch(/^task "broken__python-1": python 2\.1: no usable interpreter found in .*versions/);
     expect(byId['broken__commit-1']!.stage).toBe('repo');
     expect(byId['broken__commit-1']!.message).toMatch(/commit deadbeef.* not found/);
     expect(byId['broken__fields-1']!.stage).toBe('validate');
@@ -77,14 +82,14 @@ suite('prepareTasks', () => {
     // The broken recipe's repo state is strkit's: built once, then reused.
     expect(s.repos).toEqual({ built: 4, reused: 1, failed: 1 });
     expect(s.prepared).toBe(4);
-    expect(s.failed).toBe(3);
+    expect(s.failed).toBe(4);
     expect(s.diskBytes).toBeGreaterThan(0);
     expect(progress.filter((p) => p.startsWith('failed'))).toHaveLength(2);
   });
 
   it('reuses everything from the store on a second run', async () => {
     const store = await openStore({ root: join(dir.path, 'store') });
-    const again = await prepareTasks(demo.tasks, { provider: new LocalEnvProvider({ store, stateDir }) });
+    const again = await prepareTasks(demo.tasks, { store, stateDir });
     expect(again.summary.envs).toEqual({ built: 0, reused: 4, failed: 0 });
     expect(again.summary.repos).toEqual({ built: 0, reused: 4, failed: 0 });
     expect(again.prepared.get(demo.tasks[0]!.instance_id)!.env.venvDigest).toBe(prep.prepared.get(demo.tasks[0]!.instance_id)!.env.venvDigest);

@@ -41,7 +41,7 @@ describe('parseTasks', () => {
       JSON.stringify(valid({ instance_id: 'bad-commit', base_commit: 'main', repo_path: undefined, FAIL_TO_PASS: [] })),
       JSON.stringify(['not', 'an', 'object']),
       JSON.stringify(valid({ instance_id: 'good-1' })),
-      JSON.stringify(valid({ instance_id: 'bad-parser', log_parser: 'nose', install: 'pip install .' })),
+      JSON.stringify(valid({ instance_id: 'bad-parser', log_parser: 'nose', install: [1] })),
       JSON.stringify(valid({ instance_id: 'good-2', repo_path: undefined, repo_url: 'https://example.org/x.git' })),
     ].join('\r\n');
     const { tasks, errors } = parseTasks(text, 'jsonl');
@@ -70,7 +70,7 @@ describe('parseTasks', () => {
     expect(notObject?.problems).toEqual(['must be a JSON object, got an array']);
     expect(duplicate?.problems).toEqual(['duplicate instance_id (first defined at line 1)']);
     expect(parser?.problems).toEqual([
-      '"install" must be a list of strings, got a string',
+      '"install"[0] must be a string, got a number',
       '"log_parser" must be one of pytest, unittest, got "nose"',
     ]);
   });
@@ -79,6 +79,25 @@ describe('parseTasks', () => {
     const { tasks, errors } = parseTasks(JSON.stringify([valid(), valid({ instance_id: 'x', FAIL_TO_PASS: [1] })]), 'json');
     expect(tasks).toHaveLength(1);
     expect(errors[0]?.message).toBe('task "x" (entry 1): "FAIL_TO_PASS"[0] must be a string, got a number');
+  });
+
+  it('takes install as one string, as SWE-bench specs write it: one command', () => {
+    const { tasks, errors } = parseTasks(jsonl(valid({ install: 'pip install -e . && pip install pytest' }), valid({ instance_id: 'empty', install: ' ' })), 'jsonl');
+    expect(tasks.map((t) => t.install)).toEqual([['pip install -e . && pip install pytest']]);
+    expect(errors.map((e) => e.message)).toEqual(['task "empty" (line 2): "install" must not be empty']);
+  });
+
+  it('accepts tasks without test lists when they are to be derived, and only then', () => {
+    const bare = valid({ instance_id: 'bare', FAIL_TO_PASS: undefined, PASS_TO_PASS: undefined });
+    const withEmpty = valid({ instance_id: 'empty-f2p', FAIL_TO_PASS: [] });
+    const derived = parseTasks(jsonl(bare, withEmpty), 'jsonl', { testLists: 'optional' });
+    expect(derived.errors).toEqual([]);
+    expect(derived.tasks.map((t) => [t.FAIL_TO_PASS, t.PASS_TO_PASS])).toEqual([[[], []], [[], ['tests/t.py::test_b']]]);
+    const strict = parseTasks(jsonl(bare, withEmpty), 'jsonl');
+    expect(strict.errors.map((e) => e.problems)).toEqual([
+      ['missing field "FAIL_TO_PASS"', 'missing field "PASS_TO_PASS"'],
+      ['"FAIL_TO_PASS" must list at least one test'],
+    ]);
   });
 
   it('throws for a JSON document that is not an array of tasks', () => {

@@ -9,7 +9,7 @@
 import { gradeInstance, isPatchEmpty, type InstanceReport, type Reward } from '../grading.js';
 import { parseTestLog } from '../logParsers.js';
 import type { Task } from '../tasks.js';
-import type { TestStatus } from '../testStatus.js';
+import type { TestStatus, TestStatusMap } from '../testStatus.js';
 import {
   APPLY_OK,
   applyScript,
@@ -19,7 +19,6 @@ import {
   testPatchScript,
   testScript,
 } from './evalScript.js';
-import { EVAL_CAPABILITIES } from './localProvider.js';
 import type { PreparedTask, SandboxRequest, TaskSandbox } from './types.js';
 
 export interface EvaluateOptions {
@@ -44,123 +43,140 @@ export interface EvalTimings {
   totalMs: number;
 }
 
-export interface EvalResult {
+/** One run of a task's tests in a fresh sandbox, before grading. */
+export interface TestRun {
   instance_id: string;
-  /** SWE-bench's per-instance report. */
-  report: InstanceReport;
-  reward: Reward;
+  /** The patch applied (always true for a run without one). */
   patchApplied: boolean;
   /** Which command applied the patch, e.g. "git apply --verbose". */
   applyMethod?: string;
   timedOut: boolean;
-  /** Statuses parsed from the test log, by test id. */
-  statuses: Record<string, TestStatus>;
+  /** Statuses parsed from the test log; undefined when the tests did not run. */
+  statuses?: TestStatusMap;
   /** Apply output, test-patch output and the test run, as one log. */
   log: string;
-  /** The harness could not evaluate (sandbox failed, test patch did not apply...). */
+  /** The harness could not run the tests (sandbox failed, test patch did not apply...). */
   error?: string;
   timings: EvalTimings;
+}
+
+export interface EvalResult extends Omit<TestRun, 'statuses'> {
+  /** SWE-bench's per-instance report. */
+  report: InstanceReport;
+  reward: Reward;
+  /** Statuses parsed from the test log, by test id. */
+  statuses: Record<string, TestStatus>;
 }
 
 function errorText(err: unknown): string {
   return err instanceof Error ? `${err.name}: ${err.message}` : String(err);
 }
 
+/**
+ * Grades `patch` on `task`. An empty patch is not run (SWE-bench does the
+ * same); a task without FAIL_TO_PASS tests is not run either, since any
+ * patch would resolve it.
+ */
 export async function evaluate(task: Task, patch: string | null | undefined, opts: EvaluateOptions): Promise<EvalResult> {
   const t0 = performance.now();
-  const timings: EvalTimings = { setupMs: 0, testsMs: 0, teardownMs: 0, totalMs: 0 };
-  const result: Omit<EvalResult, 'report' | 'reward'> = {
-    instance_id: task.instance_id,
-    patchApplied: false,
-    timedOut: false,
-    statuses: {},
-    log: '',
-    timings,
-  };
-  const finish = (extra: { statuses?: Map<string, TestStatus>; harnessError?: string } = {}): EvalResult => {
-    const graded = gradeInstance(task, {
-      modelPatch: patch,
-      patchApplied: result.patchApplied,
-      ...(extra.statuses ? { statuses: extra.statuses } : {}),
-      timedOut: result.timedOut,
-      ...(extra.harnessError !== undefined ? { harnessError: extra.harnessError } : {}),
-    });
-    timings.totalMs = performance.now() - t0;
-    return { ...result, report: graded.report, reward: graded.reward };
-  };
-
-  // SWE-bench does not run empty patches: nothing to apply, nothing fixed.
-  if (isPatchEmpty(patch)) return finish();
-  if (opts.prepared.instance_id !== task.instance_id) {
-    result.error = `prepared environment is for "${opts.prepared.instance_id}", not "${task.instance_id}"`;
-    return finish({ harnessError: result.error });
+  let run: TestRun;
+  if (isPatchEmpty(patch)) {
+    run = { instance_id: task.instance_id, patchApplied: false, timedOut: false, log: '', timings: { setupMs: 0, testsMs: 0, teardownMs: 0, totalMs: 0 } };
+  } else if (task.FAIL_TO_PASS.length === 0) {
+    run = {
+      instance_id: task.instance_id,
+      patchApplied: false,
+      timedOut: false,
+      log: '',
+      error: `task "${task.instance_id}" lists no FAIL_TO_PASS tests: any patch would resolve it (derive them with 'minisandbox tasks derive')`,
+      timings: { setupMs: 0, testsMs: 0, teardownMs: 0, totalMs: 0 },
+    };
+  } else {
+    run = await runTaskTests(task, patch!, opts);
   }
+  const graded = gradeInstance(task, {
+    modelPatch: patch,
+    patchApplied: run.patchApplied,
+    ...(run.statuses ? { statuses: run.statuses } : {}),
+    timedOut: run.timedOut,
+    ...(run.error !== undefined ? { harnessError: run.error } : {}),
+  });
+  const { statuses, ...rest } = run;
+  run.timings.totalMs = performance.now() - t0;
+  return { ...rest, statuses: Object.fromEntries(statuses ?? []), report: graded.report, reward: graded.reward };
+}
 
+/**
+ * Runs `task`'s tests in a fresh sandbox of its prepared environment: the
+ * base commit, `patch` applied (none when null), the test patch, the test
+ * command under its time limit. Never throws for problems of the patch,
+ * the tests or the harness; the sandbox is always closed.
+ */
+export async function runTaskTests(task: Task, patch: string | null, opts: EvaluateOptions): Promise<TestRun> {
+  const t0 = performance.now();
+  const run: TestRun = { instance_id: task.instance_id, patchApplied: patch === null, timedOut: false, log: '', timings: { setupMs: 0, testsMs: 0, teardownMs: 0, totalMs: 0 } };
+  if (opts.prepared.instance_id !== task.instance_id) {
+    run.error = `prepared environment is for "${opts.prepared.instance_id}", not "${task.instance_id}"`;
+    return run;
+  }
   let sandbox: TaskSandbox | undefined;
-  let outcome: { statuses?: Map<string, TestStatus>; harnessError?: string } = {};
   try {
     sandbox = await opts.prepared.createSandbox(opts.sandbox);
-    outcome = await runSteps(sandbox, task, patch!, opts, result);
+    await runSteps(sandbox, task, patch, opts, run);
   } catch (err) {
-    result.error = `evaluation of "${task.instance_id}" failed: ${errorText(err)}`;
-    outcome = { harnessError: result.error };
-    if (timings.setupMs === 0) timings.setupMs = performance.now() - t0;
+    run.error = `evaluation of "${task.instance_id}" failed: ${errorText(err)}`;
+    if (run.timings.setupMs === 0) run.timings.setupMs = performance.now() - t0;
   } finally {
     const closeStart = performance.now();
     await sandbox?.close().catch((err: unknown) => {
-      result.error ??= `closing the sandbox of "${task.instance_id}" failed: ${errorText(err)}`;
+      run.error ??= `closing the sandbox of "${task.instance_id}" failed: ${errorText(err)}`;
     });
-    timings.teardownMs = performance.now() - closeStart;
+    run.timings.teardownMs = performance.now() - closeStart;
+    run.timings.totalMs = performance.now() - t0;
   }
-  return finish(outcome);
+  return run;
 }
 
-async function runSteps(
-  sb: TaskSandbox,
-  task: Task,
-  patch: string,
-  opts: EvaluateOptions,
-  result: Omit<EvalResult, 'report' | 'reward'>,
-): Promise<{ statuses?: Map<string, TestStatus>; harnessError?: string }> {
+async function runSteps(sb: TaskSandbox, task: Task, patch: string | null, opts: EvaluateOptions, run: TestRun): Promise<void> {
   const t0 = performance.now();
   const signal = opts.signal ? { signal: opts.signal } : {};
   const setupTimeout = opts.setupTimeoutMs ?? 120_000;
-  const run = (script: string, timeout: number) =>
-    sb.exec(['/bin/bash', '-c', script], { timeout, capabilities: EVAL_CAPABILITIES, ...signal });
+  const bash = (script: string, timeout: number) => sb.exec(['/bin/bash', '-c', script], { timeout, ...signal });
 
-  for (const [file, text] of [[PATCH_FILE, patch], [TEST_PATCH_FILE, task.test_patch]] as const) {
+  const files: Array<[string, string]> = [...(patch !== null ? [[PATCH_FILE, patch] as [string, string]] : []), [TEST_PATCH_FILE, task.test_patch]];
+  for (const [file, text] of files) {
     const w = await sb.exec(['/bin/sh', '-c', 'cat > "$1"', 'sh', file], { input: text, timeout: setupTimeout, ...signal });
     if (w.exitCode !== 0) throw new Error(`writing ${file}: ${w.stderr.trim() || `exit ${w.exitCode}`}`);
   }
-  const apply = await run(applyScript(), setupTimeout);
-  result.log += apply.stdout;
-  const applied = apply.exitCode === 0 && apply.stdout.includes(APPLY_OK);
-  if (!applied) {
-    result.timings.setupMs = performance.now() - t0;
-    return {}; // graded as "model patch did not apply"
+  if (patch !== null) {
+    const apply = await bash(applyScript(), setupTimeout);
+    run.log += apply.stdout;
+    if (apply.exitCode !== 0 || !apply.stdout.includes(APPLY_OK)) {
+      run.timings.setupMs = performance.now() - t0;
+      return; // graded as "model patch did not apply"
+    }
+    run.patchApplied = true;
+    const method = /\(([^)]*)\)\s*$/.exec(apply.stdout.trim())?.[1];
+    if (method !== undefined) run.applyMethod = method;
   }
-  result.patchApplied = true;
-  result.applyMethod = /\(([^)]*)\)\s*$/.exec(apply.stdout.trim())?.[1];
 
-  const testPatch = await run(testPatchScript(task), setupTimeout);
-  result.log += testPatch.stdout;
-  result.timings.setupMs = performance.now() - t0;
+  const testPatch = await bash(testPatchScript(task), setupTimeout);
+  run.log += testPatch.stdout;
+  run.timings.setupMs = performance.now() - t0;
   if (testPatch.exitCode !== 0) {
-    result.error = `test_patch of "${task.instance_id}" did not apply after the model patch`;
-    return { harnessError: result.error };
+    run.error = `test_patch of "${task.instance_id}" did not apply${patch !== null ? ' after the model patch' : ''}`;
+    return;
   }
 
   const timeout = opts.timeoutMs ?? 30 * 60_000;
-  const tests = await run(testScript(task), timeout);
-  result.timings.testsMs = tests.durationMs;
-  result.log += tests.stdout;
+  const tests = await bash(testScript(task), timeout);
+  run.timings.testsMs = tests.durationMs;
+  run.log += tests.stdout;
   const commandMs = parseTestTime(tests.stdout);
-  if (commandMs !== undefined) result.timings.testCommandMs = commandMs;
+  if (commandMs !== undefined) run.timings.testCommandMs = commandMs;
   if (tests.timedOut) {
-    result.timedOut = true;
-    result.log += `\n>>>>> Tests Timed Out after ${timeout / 1000} s\n`;
+    run.timedOut = true;
+    run.log += `\n>>>>> Tests Timed Out after ${timeout / 1000} s\n`;
   }
-  const statuses = parseTestLog(tests.stdout, { parser: task.log_parser ?? 'auto' });
-  result.statuses = Object.fromEntries(statuses);
-  return { statuses };
+  run.statuses = parseTestLog(tests.stdout, { parser: task.log_parser ?? 'auto' });
 }

@@ -4,12 +4,13 @@
  * cannot be prepared (bad fields, unknown commit, failing recipe) is
  * reported with its reason and does not stop the others.
  */
+import type { Env } from '../../env/index.js';
 import type { Task } from '../tasks.js';
 import { createLimiter } from './limit.js';
-import type { EnvProvider, PrepareProgress, PreparedTask, PrepareStage } from './types.js';
+import { TaskEnvs, type TaskEnvOptions } from './taskEnvs.js';
+import type { PrepareProgress, PreparedTask, PrepareStage } from './types.js';
 
-export interface PrepareOptions {
-  provider: EnvProvider;
+export interface PrepareOptions extends TaskEnvOptions {
   /** Builds running at once (default 2). */
   concurrency?: number;
   onProgress?: (event: PrepareProgress) => void;
@@ -29,7 +30,7 @@ export interface PrepareSummary {
   failed: number;
   envs: { built: number; reused: number; failed: number };
   repos: { built: number; reused: number; failed: number };
-  /** Disk used by the provider's store after preparation, when known. */
+  /** Disk used by the store after preparation. */
   diskBytes?: number;
   durationMs: number;
 }
@@ -40,7 +41,11 @@ export interface PrepareResult {
   summary: PrepareSummary;
 }
 
-/** Problems that make a task impossible to prepare, checked before any work. */
+/**
+ * Problems that make a task impossible to prepare, checked before any work.
+ * FAIL_TO_PASS and PASS_TO_PASS are not needed to prepare (tasks derive
+ * prepares tasks to find them); evaluate refuses a task without them.
+ */
 export function checkTaskForPrepare(task: Partial<Task>): string[] {
   const problems: string[] = [];
   const str = (f: keyof Task) => {
@@ -49,8 +54,6 @@ export function checkTaskForPrepare(task: Partial<Task>): string[] {
   (['instance_id', 'repo', 'version', 'base_commit', 'python', 'test_cmd', 'test_patch'] as const).forEach(str);
   if (!Array.isArray(task.install) || task.install.some((c) => typeof c !== 'string')) problems.push('"install" must be a list of shell commands');
   if (!task.repo_path && !task.repo_url) problems.push('needs "repo_path" or "repo_url"');
-  if (!Array.isArray(task.FAIL_TO_PASS) || task.FAIL_TO_PASS.length === 0) problems.push('"FAIL_TO_PASS" must list at least one test');
-  if (!Array.isArray(task.PASS_TO_PASS)) problems.push('"PASS_TO_PASS" must be a list');
   return problems;
 }
 
@@ -60,7 +63,8 @@ function message(err: unknown): string {
 
 export async function prepareTasks(tasks: readonly Task[], opts: PrepareOptions): Promise<PrepareResult> {
   const started = performance.now();
-  const { provider, onProgress, signal } = opts;
+  const { onProgress, signal } = opts;
+  const envs = new TaskEnvs(opts);
   const limit = createLimiter(opts.concurrency ?? 2);
   const failures: PrepareFailure[] = [];
   const prepared = new Map<string, PreparedTask>();
@@ -87,12 +91,19 @@ export async function prepareTasks(tasks: readonly Task[], opts: PrepareOptions)
   // Group by recipe: the first task of a group builds its environment.
   const groups = new Map<string, Task>();
   const keyOf = new Map<Task, string>();
+  const ready: Task[] = [];
   for (const task of valid) {
-    const key = provider.envKey(task);
+    const python = envs.python(task);
+    if (typeof python === 'string') {
+      failures.push({ instance_id: task.instance_id, stage: 'python', message: `task "${task.instance_id}": ${python}` });
+      continue;
+    }
+    const key = envs.envKey(task);
     keyOf.set(task, key);
+    ready.push(task);
     if (!groups.has(key)) groups.set(key, task);
   }
-  const total = groups.size + valid.length;
+  const total = groups.size + ready.length;
   let done = 0;
   const report = (event: Omit<PrepareProgress, 'done' | 'total'>) => {
     if (event.status !== 'start') done++;
@@ -115,26 +126,26 @@ export async function prepareTasks(tasks: readonly Task[], opts: PrepareOptions)
       }
     });
 
-  const envs = new Map<string, Promise<unknown>>();
+  const built = new Map<string, Promise<Env>>();
   for (const [key, task] of groups) {
-    const env = step('venv', `venv ${task.repo}@${task.version}`, summary.envs, () => provider.prepareEnv(task, { ...(signal ? { signal } : {}) }));
+    const env = step('venv', `venv ${task.repo}@${task.version}`, summary.envs, () => envs.prepareEnv(task, { ...(signal ? { signal } : {}) }));
     env.catch(() => {}); // handled per task below
-    envs.set(key, env);
+    built.set(key, env);
   }
   await Promise.all(
-    valid.map(async (task) => {
+    ready.map(async (task) => {
       const repo = step('repo', `repo ${task.repo}@${task.base_commit.slice(0, 12)} (${task.instance_id})`, summary.repos, () =>
-        provider.prepareRepo(task, { ...(signal ? { signal } : {}) }),
+        envs.prepareRepo(task, { ...(signal ? { signal } : {}) }),
       );
       // Both steps settle before the task is judged, so the summary never
       // runs ahead of work still in flight.
-      const [env, repoValue] = await Promise.allSettled([envs.get(keyOf.get(task)!)!, repo]);
+      const [env, repoValue] = await Promise.allSettled([built.get(keyOf.get(task)!)!, repo]);
       if (env.status === 'rejected') {
         failures.push({ instance_id: task.instance_id, stage: 'venv', message: `task "${task.instance_id}": ${message(env.reason)}` });
       } else if (repoValue.status === 'rejected') {
         failures.push({ instance_id: task.instance_id, stage: 'repo', message: `task "${task.instance_id}": ${message(repoValue.reason)}` });
       } else {
-        prepared.set(task.instance_id, provider.finish(task, env.value, repoValue.value));
+        prepared.set(task.instance_id, envs.finish(task, env.value, repoValue.value));
       }
     }),
   );
@@ -144,8 +155,8 @@ export async function prepareTasks(tasks: readonly Task[], opts: PrepareOptions)
   failures.sort((a, b) => (order.get(a.instance_id) ?? 0) - (order.get(b.instance_id) ?? 0));
   summary.prepared = prepared.size;
   summary.failed = failures.length;
-  const disk = await provider.diskUsage?.().catch(() => undefined);
-  if (disk !== undefined) summary.diskBytes = disk;
+  const disk = await envs.store.du().catch(() => undefined);
+  if (disk !== undefined) summary.diskBytes = disk.diskBytes;
   summary.durationMs = performance.now() - started;
   return { prepared, failures, summary };
 }

@@ -12,8 +12,6 @@ import { mkdirSync, readdirSync, readFileSync, renameSync, writeFileSync } from 
 import { join } from 'node:path';
 import { acquireLock, type FileLock } from '../../layers/lock.js';
 import type { Layer, LayerStore } from '../../layers/store.js';
-import type { Task } from '../tasks.js';
-import { resolveBasePython } from './basePython.js';
 
 export type RefKind = 'venv' | 'repo';
 
@@ -23,24 +21,6 @@ export interface LayerRef {
   description: string;
   created: string;
   [extra: string]: unknown;
-}
-
-/**
- * What makes two tasks' environments the same, whichever provider builds
- * it: the repo and version, the resolved interpreter (not just "3.11":
- * another patch release is another venv), the install commands and the
- * commit they run at.
- */
-export function envIdentity(task: Task): Record<string, unknown> {
-  const python = resolveBasePython(task);
-  return {
-    repo: task.repo,
-    source: task.repo_path ?? task.repo_url,
-    version: task.version,
-    python: typeof python === 'string' ? task.python : [python.path, python.version],
-    install: task.install,
-    setup: task.environment_setup_commit ?? task.base_commit,
-  };
 }
 
 export function hashKey(parts: unknown): string {

@@ -1,13 +1,9 @@
 /**
- * The pipeline's own small contract with whatever builds environments.
- * prepare/evaluate only need "make this task's environment ready" and "give
- * me a fresh sandbox of it"; how layers are built and stacked is the
- * provider's business (see localProvider.ts, and envLibProvider.ts for the
- * lib/env adapter).
+ * What prepare hands to evaluate: a task whose environment exists, and a
+ * way to get a fresh sandbox of it. Types only: this module loads nothing.
  */
 import type { Limits } from '../../sandbox/limits.js';
 import type { ExecOptions, ExecResult } from '../../sandbox/sandbox.js';
-import type { Task } from '../tasks.js';
 
 /** Where the repository is inside every task sandbox (SWE-bench's path). */
 export const TESTBED = '/testbed';
@@ -18,10 +14,7 @@ export interface SandboxRequest {
   limits?: Limits;
 }
 
-/**
- * What an evaluation needs of a sandbox: run a command, close. A Sandbox
- * fits as is; lib/env's EnvSandbox fits through a small adapter.
- */
+/** What an evaluation needs of a sandbox: run a command, close. */
 export interface TaskSandbox {
   exec(cmd: string | string[], opts?: ExecOptions): Promise<ExecResult<string>>;
   close(): Promise<void>;
@@ -37,11 +30,12 @@ export interface PreparedTask {
 }
 
 export interface PreparedEnvInfo {
-  provider: string;
+  /** The lib/env env (loadEnv) the task's venv belongs to. */
+  envId: string;
   /** Identifies the shared environment (same for tasks of one repo+version recipe). */
   envKey: string;
-  venvDigest?: string;
-  repoDigest?: string;
+  venvDigest: string;
+  repoDigest: string;
   venvPath: string;
   python: { path: string; version: string; prefix: string };
 }
@@ -63,25 +57,8 @@ export interface PrepareProgress {
   error?: string;
 }
 
-/** Result of one provider step: a layer that was built now or found in the store. */
+/** Result of one preparation step: a layer that was built now or found in the store. */
 export interface StepOutcome<T> {
   value: T;
   reused: boolean;
-}
-
-export interface EnvProvider {
-  readonly name: string;
-  /**
-   * Builds (or finds) the shared environment of a task's recipe group. Tasks
-   * with equal `envKey(task)` share one result; the pipeline calls this once
-   * per key.
-   */
-  envKey(task: Task): string;
-  prepareEnv(task: Task, opts: { signal?: AbortSignal }): Promise<StepOutcome<unknown>>;
-  /** Builds (or finds) the task's own repository state at base_commit. */
-  prepareRepo(task: Task, opts: { signal?: AbortSignal }): Promise<StepOutcome<unknown>>;
-  /** Combines the two into a ready task. */
-  finish(task: Task, env: unknown, repo: unknown): PreparedTask;
-  /** Bytes of disk the provider's store uses (for the summary), if known. */
-  diskUsage?(): Promise<number | undefined>;
 }
