@@ -74,6 +74,18 @@ function reasonToBuild(root = ROOT, env = process.env) {
   return undefined;
 }
 
+/**
+ * The environment node-gyp runs in: where npm config names no nodedir, the
+ * headers installed with this Node (a distribution's nodejs, a tarball
+ * install), which node-gyp would otherwise download.
+ */
+function nodeGypEnv(extra = {}) {
+  const env = { ...process.env, ...extra };
+  const nodedir = path.dirname(path.dirname(process.execPath));
+  if (!env.npm_config_nodedir && fs.existsSync(path.join(nodedir, 'include', 'node', 'node_api.h'))) env.npm_config_nodedir = nodedir;
+  return env;
+}
+
 /** The problems that make the prebuilds unfit to publish ([] when fit). */
 function prebuildProblems(root = ROOT) {
   const manifest = readManifest(root);
@@ -107,7 +119,7 @@ function main(args) {
     return 0;
   }
   process.stdout.write(`minisandbox: building the addon from source (${why})\n`);
-  const r = spawnSync('node-gyp', ['rebuild'], { cwd: ROOT, stdio: 'inherit' });
+  const r = spawnSync('node-gyp', ['rebuild'], { cwd: ROOT, stdio: 'inherit', env: nodeGypEnv() });
   if (r.error) {
     process.stderr.write(`minisandbox: cannot run node-gyp: ${r.error.message} (npm provides it to install scripts; or install node-gyp)\n`);
     return 1;
@@ -126,4 +138,4 @@ if (require.main === module) {
   }
 }
 
-module.exports = { sourcesDigest, readManifest, reasonToBuild, prebuildProblems };
+module.exports = { sourcesDigest, readManifest, reasonToBuild, prebuildProblems, nodeGypEnv };

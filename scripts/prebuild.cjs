@@ -24,7 +24,7 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 const { PREBUILT_ARCHS, prebuildFile } = require('../lib/native/addon.cjs');
-const { readManifest, sourcesDigest } = require('./install.cjs');
+const { nodeGypEnv, readManifest, sourcesDigest } = require('./install.cjs');
 
 const ROOT = path.resolve(__dirname, '..');
 /** Debian 12's glibc: no prebuild may need a newer symbol version. */
@@ -76,8 +76,7 @@ function buildTarget(arch, scratch) {
   // binding.gyp finds node-addon-api's headers with require() from here.
   fs.symlinkSync(path.join(ROOT, 'node_modules'), path.join(scratch, 'node_modules'));
   const nodeGyp = path.join(ROOT, 'node_modules', '.bin', 'node-gyp');
-  const env = { ...process.env, CC: tools.cc, CXX: tools.cxx };
-  run(nodeGyp, ['rebuild', `--arch=${arch}`], { cwd: scratch, env });
+  run(nodeGyp, ['rebuild', `--arch=${arch}`], { cwd: scratch, env: nodeGypEnv({ CC: tools.cc, CXX: tools.cxx }) });
   const file = path.join(scratch, 'build', 'Release', 'minisandbox.node');
   const machine = /Machine:\s*(.*)/.exec(run('readelf', ['-h', file]))?.[1]?.trim();
   if (machine !== ELF_MACHINE[arch]) throw new Error(`the ${arch} build is an ELF for ${machine}, not ${ELF_MACHINE[arch]}`);

@@ -68,8 +68,7 @@ function nodeLibc(executable = process.execPath) {
  * Debian 12's 2.36; prebuilds/manifest.json records each one's newest), so
  * musl (Alpine) and other architectures build from source.
  */
-function prebuildTarget() {
-  const libc = nodeLibc();
+function prebuildTarget(libc = nodeLibc()) {
   const host = `${process.platform}-${process.arch}${libc ? ` (${libc})` : ''}`;
   if (process.platform !== 'linux' || !PREBUILT_ARCHS.includes(process.arch)) return { reason: `no prebuilt addon for ${host}` };
   if (libc !== 'glibc') return { reason: `the prebuilt addons need glibc; Node here runs on ${libc ?? 'an unknown C library'}` };
@@ -98,7 +97,7 @@ function loadAddon(root) {
       : err.message;
     throw new Error(
       `minisandbox: cannot load the native addon: ${why}. ` +
-        `Build it from source with 'npm rebuild minisandbox --build-from-source' (needs python3, make and a C++20 compiler)`,
+        `Build it from source with 'MINISANDBOX_BUILD_FROM_SOURCE=1 npm rebuild minisandbox' (needs python3, make and a C++20 compiler)`,
       { cause: err },
     );
   }
