@@ -14,6 +14,10 @@ const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 const work = tempDir('msbx-pack-');
 let tarball = '';
 let files: string[] = [];
+/** The project of the compiler-free install, once that test has made it. */
+let installedApp: string | undefined;
+/** The oldest Node that engines allows (scripts/oldest-node.sh; .ci/run fetches it). */
+const OLDEST_NODE = process.env.MINISANDBOX_OLDEST_NODE ?? '/var/cache/minisandbox/node-oldest/bin/node';
 
 /** A PATH with node, npm and npx and a shell, and nothing else: no gcc, g++, cc, c++, make. */
 function bareBin(): string {
@@ -141,7 +145,43 @@ describe('the packed tarball', () => {
       expect(doctor.status, doctor.stdout + doctor.stderr).toBe(0);
       expect(doctor.stdout).toMatch(/^ok {4}user\+mount\+pid\+ipc\+uts\+net namespaces/m);
     }
+    installedApp = plain.dir;
   }, 300_000);
+
+  it("runs on the oldest Node that engines allows: doctor, and the README's API in its portable form", (ctx) => {
+    if (!installedApp) return ctx.skip('the package was not installed');
+    if (!existsSync(OLDEST_NODE)) return ctx.skip(`no ${OLDEST_NODE} (scripts/oldest-node.sh fetches it)`);
+    const version = run(OLDEST_NODE, ['--version'], work.path, process.env).stdout.trim();
+    const min = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { engines: { node: string } }).engines.node.replace(/^>=\s*/, '');
+    expect(version.startsWith(`v${min}.`), `${OLDEST_NODE} is ${version}, engines asks for >=${min}`).toBe(true);
+    const env = userEnv(`${dirname(OLDEST_NODE)}:/usr/bin:/bin`);
+    const doctor = run(OLDEST_NODE, [join(installedApp, 'node_modules/minisandbox/dist/lib/cli/main.js'), 'doctor'], installedApp, env);
+    expect(doctor.status, doctor.stdout + doctor.stderr).toBe(0);
+    const src = join(work.path, 'upload-src');
+    mkdirSync(src);
+    writeFileSync(join(src, 'data.txt'), 'uploaded');
+    const script = join(installedApp, 'example.mjs');
+    writeFileSync(
+      script,
+      `import { Sandbox, run } from 'minisandbox';
+const r = await run({ argv: ['sh', '-c', 'echo $((2 + 2))'], timeout: 10_000 });
+const sb = await Sandbox.create({ limits: { pids: 64 } });
+try {
+  const sh = await sb.shell({ name: 'main' });
+  await sh.run('export X=kept');
+  const { output } = await sh.run('echo $X');
+  await sb.upload(${JSON.stringify(src)}, '/work/up');
+  const up = await sb.readFile('/work/up/data.txt', 'utf8');
+  console.log(JSON.stringify({ node: process.version, run: r.stdout, shell: output.trim(), up }));
+} finally {
+  await sb.close();
+}
+`,
+    );
+    const r = run(OLDEST_NODE, [script], installedApp, env);
+    expect(r.status, r.stderr).toBe(0);
+    expect(JSON.parse(r.stdout)).toEqual({ node: version, run: '4\n', shell: 'kept', up: 'uploaded' });
+  }, 120_000);
 
   it('falls back to a node-gyp source build where asked (MINISANDBOX_BUILD_FROM_SOURCE=1)', (ctx) => {
     // The install script points node-gyp at the headers installed with this
