@@ -402,6 +402,8 @@ export class Sandbox implements AsyncDisposable {
     // A receiver that stops early breaks the pipe; its exit status says why.
     proc.stdin!.on('error', () => undefined);
     packer.stream.pipe(proc.stdin!);
+    // A packer that fails may never end its stream: the receiver would wait.
+    void packer.failure.then((why) => why && proc.killTree());
     const result = await collectResult(proc, { started: performance.now(), keepStdin: true });
     if (result.exitCode !== 0) packer.stop();
     // A packer's own failure (an unreadable file) explains the receiver's
