@@ -78,6 +78,8 @@ describe('Sandbox.upload', () => {
       new SandboxError(`upload ${join(host.path, 'missing')} -> /work/m: no such file or directory on the host`),
     );
     await expect(sb.upload('', '/work/m')).rejects.toThrow('hostPath: must be a non-empty string');
+    writeFileSync(join(host.path, 'plain'), 'x');
+    await expect(sb.upload(join(host.path, 'plain'), '/')).rejects.toThrow('path: a file cannot become /');
   });
 
   it("reports the sandbox's refusal: a read-only target, a directory where the file should go", async () => {
