@@ -27,7 +27,11 @@ const addon = require(join(ROOT, 'lib/native/addon.cjs')) as {
   prebuildTarget(libc?: string): { target?: string; reason?: string };
   prebuildFile(root: string, target: string): string;
 };
-const install = require(join(ROOT, 'scripts/install.cjs')) as { prebuildProblems(root: string): string[]; readManifest(root: string): Manifest };
+const install = require(join(ROOT, 'scripts/install.cjs')) as {
+  prebuildProblems(root: string): string[];
+  readManifest(root: string): Manifest;
+  reasonToBuild(root: string, env: Record<string, string>): string | undefined;
+};
 const prebuild = require(join(ROOT, 'scripts/prebuild.cjs')) as {
   buildTarget(arch: string, scratch: string): { file: string; record: Manifest['targets'][string] };
   maxGlibc(file: string): string;
@@ -43,6 +47,23 @@ const tool = (name: string) => spawnSync('sh', ['-c', `command -v ${name}`], { e
 describe('prebuilt addons', () => {
   it('match native/ and binding.gyp as they are now (what npm pack checks first)', () => {
     expect(install.prebuildProblems(ROOT)).toEqual([]);
+  });
+
+  it('are refused once native/ changes: npm pack stops, and an install builds from source', () => {
+    const copy = tempDir('msbx-stale-');
+    try {
+      for (const p of ['package.json', 'binding.gyp', 'native', 'prebuilds']) cpSync(join(ROOT, p), join(copy.path, p), { recursive: true });
+      expect(install.prebuildProblems(copy.path)).toEqual([]);
+      expect(install.reasonToBuild(copy.path, {})).toBeUndefined();
+      writeFileSync(join(copy.path, 'native/addon.cc'), `${readFileSync(join(copy.path, 'native/addon.cc'), 'utf8')}\n// changed\n`);
+      expect(install.prebuildProblems(copy.path)).toEqual([
+        'prebuilds/manifest.json: built from other sources than native/ and binding.gyp hold now: run npm run prebuilds',
+      ]);
+      expect(install.reasonToBuild(copy.path, {})).toBe('the prebuilt addons were built from other sources than native/ holds now (npm run prebuilds makes them anew)');
+      expect(install.reasonToBuild(copy.path, { MINISANDBOX_BUILD_FROM_SOURCE: '1' })).toBe('asked to build from source');
+    } finally {
+      copy.remove();
+    }
   });
 
   it.each(addon.PREBUILT_ARCHS)('linux-%s is an ELF for that machine needing no glibc newer than Debian 12 has', (arch) => {
