@@ -160,10 +160,12 @@ export function packageRoot(): string {
   return dir;
 }
 
-const require = createRequire(import.meta.url);
-const bindings = require('bindings') as (opts: { bindings: string; module_root: string }) => Addon;
+const root = packageRoot();
+// The loader is plain CommonJS shared with the install script (see addon.cjs);
+// it ships as lib/native/addon.cjs, next to this file's source.
+const { loadAddon } = createRequire(import.meta.url)(join(root, 'lib', 'native', 'addon.cjs')) as { loadAddon(root: string): Addon };
 
-export const native: Addon = bindings({ bindings: 'minisandbox', module_root: packageRoot() });
+export const native: Addon = loadAddon(root);
 
 /** A setup failure as the child reported it. */
 export interface ErrorRecord {

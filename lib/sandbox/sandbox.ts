@@ -5,8 +5,11 @@
  * whole subtree and nothing else.
  */
 import { spawn as hostSpawn } from 'node:child_process';
-import { chownSync, mkdirSync, readFileSync, statSync } from 'node:fs';
-import { join, posix } from 'node:path';
+import { chownSync, mkdirSync, readFileSync } from 'node:fs';
+import { stat } from 'node:fs/promises';
+import { basename, dirname, join, posix } from 'node:path';
+import type { Writable } from 'node:stream';
+import { create as createTar } from 'tar';
 import { LayerError } from '../layers/errors.js';
 import { extractUntrusted } from '../layers/extract.js';
 import { native, type NativeOp, type NativePlan } from '../native/index.js';
@@ -371,22 +374,44 @@ export class Sandbox implements AsyncDisposable {
     if (r.exitCode !== 0) throw new SandboxError(`writeFile ${p}: ${r.stderr.trim().replace(/^\/bin\/sh: \d+: /, '') || `exit ${r.exitCode}`}`);
   }
 
-  /** Copies a host file or directory to `path` in the sandbox. */
+  /**
+   * Copies a host file or directory to `path` in the sandbox. It arrives as a
+   * tar stream unpacked by the sandbox's own `tar -x`, which writes through
+   * the sandbox's mounts as the sandbox's root (ownership is not restored;
+   * modes and mtimes are); nothing is held in memory. A directory is merged
+   * into `path` (created if missing); a file becomes `path`.
+   *
+   * A directory is packed by GNU tar on the host, which is 3x faster than
+   * node-tar on many small files (100 MB in 5,000 files: 0.47 s against
+   * 1.34 s, docs/packaging.md). A file is packed by node-tar, which names the one
+   * member as `path` wants without a second process.
+   */
   async upload(hostPath: string, path: string): Promise<void> {
     const p = this.#path(path);
-    const st = statSync(hostPath);
-    if (!st.isDirectory()) {
-      await this.writeFile(p, readFileSync(hostPath), { mode: st.mode & 0o777 });
-      return;
-    }
-    const tar = hostSpawn('tar', ['-C', hostPath, '-cf', '-', '.'], { stdio: ['ignore', 'pipe', 'pipe'] });
-    const proc = this.spawn(['/bin/sh', '-c', 'mkdir -p "$1" && exec tar -C "$1" --no-same-owner -xf -', 'sh', p], {
+    if (typeof hostPath !== 'string' || hostPath.length === 0 || hostPath.includes('\0')) throw new ConfigError('hostPath: must be a non-empty string', 'hostPath');
+    const label = `upload ${hostPath} -> ${p}`;
+    const st = await stat(hostPath).catch((err: NodeJS.ErrnoException) => {
+      throw new SandboxError(`${label}: ${err.code === 'ENOENT' ? 'no such file or directory on the host' : err.message}`, { cause: err });
+    });
+    if (!st.isDirectory() && !st.isFile()) throw new ConfigError(`hostPath: ${hostPath} is neither a regular file nor a directory`, 'hostPath');
+    if (st.isFile() && posix.basename(p) === '') throw new ConfigError(`path: a file cannot become ${p}`, 'path');
+    const packer = st.isDirectory() ? packTree(hostPath) : packFile(hostPath, posix.basename(p));
+    const proc = this.spawn(['/bin/sh', '-c', 'mkdir -p "$1" && exec tar -C "$1" --no-same-owner -xf -', 'sh', st.isDirectory() ? p : posix.dirname(p)], {
       stdin: 'pipe',
       capabilities: FILE_CAPABILITIES,
     });
-    tar.stdout.pipe(proc.stdin!);
+    // A receiver that stops early breaks the pipe; its exit status says why.
+    proc.stdin!.on('error', () => undefined);
+    packer.stream.pipe(proc.stdin!);
+    // A packer that fails may never end its stream: the receiver would wait.
+    void packer.failure.then((why) => why && proc.killTree());
     const result = await collectResult(proc, { started: performance.now(), keepStdin: true });
-    if (result.exitCode !== 0) throw new SandboxError(`upload ${hostPath} -> ${p}: ${String(result.stderr).trim()}`);
+    if (result.exitCode !== 0) packer.stop();
+    // A packer's own failure (an unreadable file) explains the receiver's
+    // (a truncated archive), and fails an upload the receiver accepted.
+    const packFailure = await packer.failure;
+    if (packFailure) throw new SandboxError(`${label}: ${packFailure}`);
+    if (result.exitCode !== 0) throw new SandboxError(`${label}: ${String(result.stderr).trim() || `tar in the sandbox failed (exit ${result.exitCode})`}`);
   }
 
   /**
@@ -525,5 +550,76 @@ function ptyChannel(proc: SandboxProcess): PtyChannel {
       proc.kill(signal ?? 'SIGHUP');
     },
     resize: (cols, rows) => term.resize(cols, rows),
+  };
+}
+
+/**
+ * A tar stream of host files for upload. `failure` settles once packing is
+ * over: with why it failed, or undefined (also after stop(): the receiver
+ * failed first, and its own error is the one to report).
+ */
+interface Packer {
+  stream: { pipe(dest: Writable): unknown };
+  failure: Promise<string | undefined>;
+  stop(): void;
+}
+
+/** The directory `dir` as a tar stream of its contents (members `./...`), by GNU tar. */
+function packTree(dir: string): Packer {
+  const tar = hostSpawn('tar', ['-C', dir, '-cf', '-', '.'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  let stopped = false;
+  tar.stderr.on('data', (c: Buffer) => (stderr = (stderr + c.toString()).slice(-4096)));
+  const failure = new Promise<string | undefined>((resolve) => {
+    tar.on('error', (err) => resolve(`cannot run tar: ${err.message}`));
+    // SIGPIPE: the receiver stopped reading, and its status says why.
+    tar.on('close', (code, signal) =>
+      resolve(code === 0 || stopped || signal === 'SIGPIPE' ? undefined : `tar on the host failed (${signal ?? `exit ${code}`}): ${stderr.trim()}`),
+    );
+  });
+  return {
+    stream: tar.stdout,
+    failure,
+    stop: () => {
+      stopped = true;
+      tar.kill('SIGKILL');
+    },
+  };
+}
+
+/**
+ * The regular file `file` as a one-member tar stream whose member is named
+ * `name`, by node-tar: streamed from disk, with its mode and mtime, and no
+ * owner (`portable`).
+ */
+function packFile(file: string, name: string): Packer {
+  let members = 0;
+  const pack = createTar(
+    {
+      cwd: dirname(file),
+      portable: true,
+      strict: true,
+      follow: true,
+      noDirRecurse: true,
+      // Only the file stat() saw: not what replaced it since.
+      filter: (_path, st) => 'isFile' in st && st.isFile(),
+      onWriteEntry: (entry) => {
+        members++;
+        entry.path = name;
+      },
+    },
+    [basename(file)],
+  );
+  let settle: (why: string | undefined) => void = () => undefined;
+  const failure = new Promise<string | undefined>((resolve) => (settle = resolve));
+  pack.on('error', (err: unknown) => settle(err instanceof Error ? err.message : String(err)));
+  pack.on('end', () => settle(members === 1 ? undefined : `${file} is no longer a regular file`));
+  return {
+    stream: pack,
+    failure,
+    stop: () => {
+      settle(undefined);
+      pack.destroy();
+    },
   };
 }
