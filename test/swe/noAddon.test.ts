@@ -22,6 +22,9 @@ describe('importing minisandbox/swe without the addon', () => {
     mkdirSync(join(pkg, 'dist'), { recursive: true });
     for (const f of ['package.json', 'binding.gyp']) cpSync(join(ROOT, f), join(pkg, f));
     cpSync(join(ROOT, 'dist', 'lib'), join(pkg, 'dist', 'lib'), { recursive: true });
+    // The loader itself, without what it loads (no build/, no prebuilds/).
+    mkdirSync(join(pkg, 'lib', 'native'), { recursive: true });
+    cpSync(join(ROOT, 'lib', 'native', 'addon.cjs'), join(pkg, 'lib', 'native', 'addon.cjs'));
     symlinkSync(join(ROOT, 'node_modules'), join(pkg, 'node_modules'));
   });
   afterAll(() => dir.remove());
