@@ -11,7 +11,8 @@ import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Sandbox } from '../lib/index.js';
-import { openStore, packDirectory } from '../lib/layers/index.js';
+import { packDirectory } from '../lib/files/index.js';
+import { openStore } from '../lib/layers/index.js';
 import { formatMs, formatRatio, summarize } from './lib/stats.js';
 
 const log = (msg: string) => process.stderr.write(`[bench] ${msg}\n`);

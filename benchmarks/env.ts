@@ -25,8 +25,8 @@ import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Sandbox } from '../lib/sandbox/index.js';
 import { buildEnv, createEnvSandbox, resolvePython, type BasePython, type Env, type EnvSandbox } from '../lib/env/index.js';
-import { extractArchive, openStore, type LayerStore } from '../lib/layers/index.js';
-import { removeTree } from '../lib/layers/fsTree.js';
+import { extractArchive, removeTree } from '../lib/files/index.js';
+import { openStore, type LayerStore } from '../lib/layers/index.js';
 import { formatMs, formatRatio, formatTable, summarize, type Summary } from './lib/stats.js';
 
 interface Options {

@@ -22,7 +22,7 @@ import { mkdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { removeTree } from '../lib/layers/fsTree.js';
+import { removeTree } from '../lib/files/fsTree.js';
 import { openStore } from '../lib/layers/store.js';
 import * as policy from '../lib/sandbox/policy.js';
 import { createDemoTaskSet } from '../lib/swe/demo/createDemoTaskSet.js';

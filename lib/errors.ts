@@ -33,3 +33,14 @@ export function codeOf(err: unknown): string | undefined {
   }
   return undefined;
 }
+
+/**
+ * `err` as an error of the caller's room (`Kind`, its message kept and the
+ * original as `cause`) when it is another room's MinisandboxError, so that a
+ * method throws its own room's class; anything else, a bug included, is
+ * returned as it is. Use: `catch (err) { throw adopt(err, LayerError); }`.
+ */
+export function adopt(err: unknown, Kind: new (message: string, options?: { cause?: unknown }) => MinisandboxError): unknown {
+  if (!(err instanceof MinisandboxError) || err instanceof Kind) return err;
+  return new Kind((err as MinisandboxError).message, { cause: err });
+}

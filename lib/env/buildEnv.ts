@@ -12,10 +12,11 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { packRepoLayer, scanForPrefix, type Layer, type LayerStore } from '../layers/index.js';
-import { removeTree } from '../layers/fsTree.js';
+import { removeTree } from '../files/fsTree.js';
+import { scanForPrefix, type Layer, type LayerStore } from '../layers/index.js';
 import { Sandbox, type BindMount } from '../sandbox/index.js';
 import { EnvError } from './errors.js';
+import { packRepoLayer } from './gitRepo.js';
 import { basePythonMounts, venvVariables } from './layout.js';
 import { envFromManifest, envIdOf, envsDir, saveEnvManifest, type Env, type EnvManifest } from './manifest.js';
 import { packAsLayer, type PackedLayer } from './pack.js';

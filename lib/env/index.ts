@@ -18,6 +18,7 @@ export {
 } from './manifest.js';
 export { buildEnv, buildRepo, type BuildEnvOptions, type BuildRepoOptions, type RepoLayer } from './buildEnv.js';
 export { packAsLayer, type PackedLayer } from './pack.js';
+export { packRepoLayer, type PackRepoOptions, type RepoLayerInfo } from './gitRepo.js';
 export { basePythonMounts, venvVariables } from './layout.js';
 export {
   createEnvSandbox,

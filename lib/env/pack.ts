@@ -11,7 +11,8 @@
 import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { packDirectory, type Layer, type LayerStore } from '../layers/index.js';
+import { packDirectory } from '../files/extract.js';
+import type { Layer, LayerStore } from '../layers/index.js';
 import { archiveFileFor, envsDir } from './manifest.js';
 
 export interface PackedLayer {

@@ -14,8 +14,9 @@
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { extractArchive, relocateTree, type IoBudget, type Layer, type PrefixFile } from '../layers/index.js';
-import { run } from '../layers/proc.js';
+import { extractArchive } from '../files/extract.js';
+import { run } from '../files/proc.js';
+import { relocateTree, type IoBudget, type Layer, type PrefixFile } from '../layers/index.js';
 import type { Mount } from '../sandbox/index.js';
 import { EnvError } from './errors.js';
 

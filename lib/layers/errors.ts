@@ -8,12 +8,3 @@ import { MinisandboxError } from '../errors.js';
 export class LayerError extends MinisandboxError {
   static override readonly code = 'MSBX_LAYER';
 }
-
-/** Narrow an unknown error to a Node system error with a `code`. */
-export function errnoCode(err: unknown): string | undefined {
-  if (typeof err === 'object' && err !== null && 'code' in err) {
-    const code = (err as { code: unknown }).code;
-    return typeof code === 'string' ? code : undefined;
-  }
-  return undefined;
-}

@@ -2,15 +2,17 @@ import { createHash, randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { adopt, codeOf } from '../errors.js';
+import { extractArchive, type Compression } from '../files/extract.js';
+import { makeReadOnly, removeTree, walkTree } from '../files/fsTree.js';
+import { hashFile, sha256Hex } from '../files/hash.js';
+import { acquireLock } from '../files/lock.js';
+import { processIsAlive, run, selfStartTime } from '../files/proc.js';
 import { IoBudget, type BudgetOptions, type BudgetProgress } from './budget.js';
-import { dedupTree, gcObjects, hashFile, type DedupOptions, type DedupResult } from './dedup.js';
-import { LayerError, errnoCode } from './errors.js';
-import { extractArchive, type Compression } from './extract.js';
-import { makeReadOnly, removeTree, walkTree } from './fsTree.js';
-import { acquireLock } from './lock.js';
-import { processIsAlive, run, selfStartTime } from './proc.js';
+import { dedupTree, gcObjects, type DedupOptions, type DedupResult } from './dedup.js';
+import { LayerError } from './errors.js';
 import { scanForPrefix, type PrefixFile } from './relocate.js';
-import { LISTING_FILE, compareListings, sha256Hex, treeListing, type HashCache, type LayerProblem, type ListingEntry } from './verify.js';
+import { LISTING_FILE, compareListings, treeListing, type HashCache, type LayerProblem, type ListingEntry } from './verify.js';
 
 /**
  * Content-addressed store of read-only layer trees.
@@ -208,6 +210,22 @@ export class LayerStore {
     opts: AddOptions,
     fill: Builder,
   ): Promise<Layer> {
+    try {
+      return await this.buildOnce(digest, bytes, kind, source, opts, fill);
+    } catch (err) {
+      // An archive refused, a lock not acquired, a copy failed: the store's error.
+      throw adopt(err, LayerError);
+    }
+  }
+
+  private async buildOnce(
+    digest: string,
+    bytes: number,
+    kind: 'archive' | 'directory',
+    source: string,
+    opts: AddOptions,
+    fill: Builder,
+  ): Promise<Layer> {
     if (opts.prefix !== undefined && !path.isAbsolute(opts.prefix))
       throw new LayerError(`layer ${source}: prefix ${opts.prefix} is not an absolute path`);
     const existing = await this.get(digest);
@@ -241,7 +259,7 @@ export class LayerStore {
         try {
           await fsp.rename(staging, this.layerDir(digest));
         } catch (err) {
-          const code = errnoCode(err);
+          const code = codeOf(err);
           if (code !== 'ENOTEMPTY' && code !== 'EEXIST') throw err;
           // Built meanwhile without our lock (e.g. by another store root
           // sharing the layers dir): keep theirs, drop ours.
@@ -311,7 +329,7 @@ export class LayerStore {
       if (!st.isDirectory()) return undefined;
       text = await fsp.readFile(path.join(dir, 'manifest.json'), 'utf8');
     } catch (err) {
-      if (errnoCode(err) === 'ENOENT' || errnoCode(err) === 'ENOTDIR') return undefined;
+      if (codeOf(err) === 'ENOENT' || codeOf(err) === 'ENOTDIR') return undefined;
       throw err;
     }
     let manifest: LayerManifest;
@@ -351,7 +369,7 @@ export class LayerStore {
       // (A symlink planted at layers/<d> is moved and unlinked, never followed.)
       await fsp.rename(this.layerDir(d), trash);
     } catch (err) {
-      if (errnoCode(err) === 'ENOENT') return false;
+      if (codeOf(err) === 'ENOENT') return false;
       throw new LayerError(`remove layer ${d}: ${(err as Error).message}`, { cause: err });
     }
     await removeTree(trash);

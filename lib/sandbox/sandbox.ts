@@ -10,8 +10,8 @@ import { stat } from 'node:fs/promises';
 import { basename, dirname, join, posix } from 'node:path';
 import type { Writable } from 'node:stream';
 import { create as createTar } from 'tar';
-import { LayerError } from '../layers/errors.js';
-import { extractUntrusted } from '../layers/extract.js';
+import { adopt } from '../errors.js';
+import { extractUntrusted } from '../files/extract.js';
 import { native, type NativeOp, type NativePlan } from '../native/index.js';
 import { ShellSession, type PtyChannel } from '../shell/index.js';
 import { ConfigError, SandboxError, describeErrno } from './errors.js';
@@ -35,7 +35,7 @@ import {
 import { FILE_CAPABILITIES, TMPFS_SIZES, WORK_DIR } from './policy.js';
 import { SandboxProcess, callNative } from './process.js';
 import { DEFAULT_MAX_BUFFER, collectResult, type RunResult } from './run.js';
-import { removeTree } from '../layers/fsTree.js';
+import { removeTree } from '../files/fsTree.js';
 import { collectGarbage, createPrivateDir, defaultStateDir, ensureStateDir, newSandboxId } from './state.js';
 
 export interface SandboxCreateOptions extends SandboxOptions {
@@ -461,8 +461,7 @@ export class Sandbox implements AsyncDisposable {
     } catch (err) {
       proc.killTree();
       await proc.exited.catch(() => {});
-      if (err instanceof LayerError) throw new SandboxError(err.message, { cause: err });
-      throw err;
+      throw adopt(err, SandboxError);
     }
   }
 

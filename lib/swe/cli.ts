@@ -10,7 +10,7 @@ import { dirname, join, resolve } from 'node:path';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { UsageError } from '../cli/args.js';
 import { findPython, pythonSearchPath } from '../env/python.js';
-import { removeTree } from '../layers/fsTree.js';
+import { removeTree } from '../files/fsTree.js';
 import { defaultStoreRoot, openStore } from '../layers/store.js';
 import { DEMO_PYTHON, createDemoTaskSet } from './demo/createDemoTaskSet.js';
 import { deriveTaskFile } from './derive.js';

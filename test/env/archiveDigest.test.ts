@@ -9,7 +9,8 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createEnvSandbox, packAsLayer, type Env } from '../../lib/env/index.js';
-import { openStore, packDirectory, type LayerStore } from '../../lib/layers/index.js';
+import { packDirectory } from '../../lib/files/index.js';
+import { openStore, type LayerStore } from '../../lib/layers/index.js';
 import { tempDir } from '../helpers.js';
 
 const CLI = fileURLToPath(new URL('../../dist/lib/cli/main.js', import.meta.url));

@@ -2,13 +2,14 @@ import { fork, type ChildProcess } from 'node:child_process';
 import { mkdirSync, readdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { acquireLock, IoBudget, openStore, packDirectory } from '../../lib/layers/index.js';
+import { acquireLock, packDirectory } from '../../lib/files/index.js';
+import { IoBudget, openStore } from '../../lib/layers/index.js';
 import { tmpDir, transpiledLayers, writeTree } from './helpers.js';
 
 /** Child process driver: real processes, the same code transpiled to .js. */
 const CHILD = String.raw`
 import path from 'node:path';
-const lib = await import(process.env.LAYERS_JS + '/index.js');
+const lib = { ...(await import(process.env.LIB_JS + '/files/index.js')), ...(await import(process.env.LIB_JS + '/layers/index.js')) };
 const [mode, ...args] = process.argv.slice(2);
 const send = (m) => process.send(m);
 if (mode === 'add') {
@@ -52,16 +53,16 @@ if (mode === 'add') {
 
 const t = tmpDir('conc');
 let script = '';
-let layersJs = '';
+let libJs = '';
 beforeAll(() => {
-  layersJs = transpiledLayers(path.join(t.dir, 'js'));
+  libJs = transpiledLayers(path.join(t.dir, 'js'));
   script = path.join(t.dir, 'js', 'child.mjs');
   writeFileSync(script, CHILD);
 });
 afterAll(() => t.cleanup());
 
 function start(args: string[]): { child: ChildProcess; messages: Array<Record<string, unknown>>; next: () => Promise<Record<string, unknown>> } {
-  const child = fork(script, args, { env: { ...process.env, LAYERS_JS: layersJs }, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+  const child = fork(script, args, { env: { ...process.env, LIB_JS: libJs }, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
   const messages: Array<Record<string, unknown>> = [];
   const waiters: Array<(m: Record<string, unknown>) => void> = [];
   child.on('message', (m) => {

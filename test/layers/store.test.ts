@@ -2,7 +2,8 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, statSync, symlinkSync, utimesSync, writeFileSync, chmodSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { defaultStoreRoot, openStore, packDirectory, walkTreeForTest } from './storeHelpers.js';
+import { packDirectory } from '../../lib/files/index.js';
+import { defaultStoreRoot, openStore } from '../../lib/layers/index.js';
 import { py, tmpDir, writeTree } from './helpers.js';
 
 const t = tmpDir('store');
@@ -150,6 +151,5 @@ with tarfile.open(sys.argv[1],'w') as tf:
     const r = await store.gc({ inUse: [] });
     expect(r.removedStaging).toBe(1);
     expect(existsSync(dead)).toBe(false);
-    void walkTreeForTest;
   });
 });

@@ -3,7 +3,7 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { envsDir, listEnvs } from '../../env/index.js';
 import { describeProblem, normalizeDigest, openStore, type LayerCheck, type LayerStore } from '../../layers/index.js';
-import { fileSha256 } from '../../layers/verify.js';
+import { fileSha256 } from '../../files/hash.js';
 import { listRefs } from '../../swe/pipeline/index.js';
 import { UsageError } from '../args.js';
 

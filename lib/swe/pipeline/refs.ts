@@ -10,7 +10,7 @@
 import { createHash } from 'node:crypto';
 import { mkdirSync, readdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { acquireLock, type FileLock } from '../../layers/lock.js';
+import { acquireLock, type FileLock } from '../../files/lock.js';
 import type { Layer, LayerStore } from '../../layers/store.js';
 
 export type RefKind = 'venv' | 'repo';

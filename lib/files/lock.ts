@@ -1,7 +1,7 @@
 import { spawn } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { LayerError } from './errors.js';
+import { FileError } from './errors.js';
 
 /**
  * Cross-process exclusive lock on a file, held by a `flock(1)` child process.
@@ -49,7 +49,7 @@ export async function acquireLock(lockPath: string, opts: LockOptions = {}): Pro
       if (done) return;
       done = true;
       child.kill('SIGKILL');
-      reject(new LayerError(`${what}: waiting for ${lockPath} aborted`));
+      reject(new FileError(`${what}: waiting for ${lockPath} aborted`));
     };
     opts.signal?.addEventListener('abort', onAbort, { once: true });
     if (opts.signal?.aborted) onAbort();
@@ -62,15 +62,15 @@ export async function acquireLock(lockPath: string, opts: LockOptions = {}): Pro
     child.once('error', (e) => {
       if (done) return;
       done = true;
-      reject(new LayerError(`${what}: cannot run flock(1) (util-linux) for ${lockPath}: ${e.message}`));
+      reject(new FileError(`${what}: cannot run flock(1) (util-linux) for ${lockPath}: ${e.message}`));
     });
     child.once('close', (code) => {
       if (done) return;
       done = true;
       opts.signal?.removeEventListener('abort', onAbort);
       if (code === 75)
-        reject(new LayerError(`${what}: timed out after ${opts.timeoutMs} ms waiting for ${lockPath} (held by another process)`));
-      else reject(new LayerError(`${what}: flock ${lockPath} failed (exit ${code}): ${stderr.trim()}`));
+        reject(new FileError(`${what}: timed out after ${opts.timeoutMs} ms waiting for ${lockPath} (held by another process)`));
+      else reject(new FileError(`${what}: flock ${lockPath} failed (exit ${code}): ${stderr.trim()}`));
     });
   });
   // The holder must not keep this process's event loop alive on its own.
