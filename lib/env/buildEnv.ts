@@ -15,6 +15,7 @@ import path from 'node:path';
 import { removeTree } from '../files/fsTree.js';
 import { scanForPrefix, type Layer, type LayerStore } from '../layers/index.js';
 import { Sandbox, type BindMount } from '../sandbox/index.js';
+import { shQuote } from '../shell/text.js';
 import { EnvError } from './errors.js';
 import { packRepoLayer } from './gitRepo.js';
 import { basePythonMounts, venvVariables } from './layout.js';
@@ -47,10 +48,6 @@ export interface BuildEnvOptions {
 const INPUTS = '/msbx-build';
 const PIP = ['-m', 'pip', 'install', '--no-index', '--no-build-isolation', '--no-deps', '--disable-pip-version-check', '--no-input'];
 
-function shellQuote(s: string): string {
-  return `'${s.replace(/'/g, `'\\''`)}'`;
-}
-
 function describeStep(step: EnvStep): string {
   if ('package' in step) return `package ${step.package}`;
   if ('editable' in step) return `editable ${step.editable}`;
@@ -66,7 +63,7 @@ function stepCommand(step: EnvStep, i: number, venvPath: string, repoPath: strin
     // there), and the input is read-only: install from a private copy.
     const input = `${INPUTS}/${i}`;
     const copy = `/tmp/src/${i}-${path.basename(step.package)}`;
-    const script = `mkdir -p /tmp/src && cp -a ${shellQuote(input)} ${shellQuote(copy)} && exec ${shellQuote(py)} ${PIP.join(' ')} ${shellQuote(copy)}`;
+    const script = `mkdir -p /tmp/src && cp -a ${shQuote(input)} ${shQuote(copy)} && exec ${shQuote(py)} ${PIP.join(' ')} ${shQuote(copy)}`;
     return { argv: ['/bin/sh', '-c', script], mount: { type: 'bind', source: step.package, target: input, readOnly: true } };
   }
   if ('editable' in step) {
@@ -77,7 +74,7 @@ function stepCommand(step: EnvStep, i: number, venvPath: string, repoPath: strin
     const input = `${INPUTS}/${i}`;
     const mount: BindMount = { type: 'bind', source: step.wheels, target: input, readOnly: true };
     if (step.packages) return { argv: [py, ...PIP, '--find-links', input, ...step.packages], mount };
-    const script = `set -- ${shellQuote(input)}/*.whl; [ -e "$1" ] || { echo "no *.whl files in ${step.wheels}" >&2; exit 1; }; exec ${shellQuote(py)} ${PIP.join(' ')} "$@"`;
+    const script = `set -- ${shQuote(input)}/*.whl; [ -e "$1" ] || { echo "no *.whl files in ${step.wheels}" >&2; exit 1; }; exec ${shQuote(py)} ${PIP.join(' ')} "$@"`;
     return { argv: ['/bin/sh', '-c', script], mount };
   }
   // bash, not sh: install commands (SWE-bench's among them) are written for it.
@@ -185,7 +182,7 @@ export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promis
  */
 async function writePipCommands(venvDir: string, venvPath: string): Promise<void> {
   for (const name of ['pip', 'pip3']) {
-    await fsp.writeFile(path.join(venvDir, 'bin', name), `#!/bin/sh\nexec ${shellQuote(`${venvPath}/bin/python`)} -m pip "$@"\n`, { mode: 0o755 });
+    await fsp.writeFile(path.join(venvDir, 'bin', name), `#!/bin/sh\nexec ${shQuote(`${venvPath}/bin/python`)} -m pip "$@"\n`, { mode: 0o755 });
   }
 }
 
