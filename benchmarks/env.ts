@@ -24,10 +24,12 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Sandbox } from '../lib/sandbox/index.js';
+import { shQuote } from '../lib/shell/index.js';
 import { buildEnv, createEnvSandbox, resolvePython, type BasePython, type Env, type EnvSandbox } from '../lib/env/index.js';
 import { extractArchive, removeTree } from '../lib/files/index.js';
 import { openStore, type LayerStore } from '../lib/layers/index.js';
-import { formatMs, formatRatio, formatTable, summarize, type Summary } from './lib/stats.js';
+import { formatBytes, formatMs, formatRatio, formatTable } from '../lib/format.js';
+import { summarize, type Summary } from './lib/stats.js';
 
 interface Options {
   iterations: number;
@@ -68,7 +70,6 @@ function parseArgs(argv: string[]): Options {
 
 const log = (msg: string) => process.stderr.write(`[env bench] ${msg}\n`);
 const MB = 1024 * 1024;
-const fmtBytes = (b: number) => (b >= 1024 * MB ? `${(b / 1024 / MB).toFixed(2)} GiB` : `${(b / MB).toFixed(1)} MiB`);
 
 /** du -sb; overlay's mode-000 work/work dirs make du complain but its total stands. */
 function duBytes(paths: string[]): number {
@@ -99,13 +100,9 @@ function sitePackageDirs(python: BasePython): { dir: string; bytes: number }[] {
   return out.sort((a, b) => b.bytes - a.bytes);
 }
 
-function shellQuote(s: string): string {
-  return `'${s.replace(/'/g, `'\\''`)}'`;
-}
-
 /** A step copying these site-packages entries into the venv. */
 function copyStep(dirs: string[]): { run: string } {
-  return { run: `sp="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" && cp -a ${dirs.map(shellQuote).join(' ')} "$sp"/` };
+  return { run: `sp="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" && cp -a ${dirs.map(shQuote).join(' ')} "$sp"/` };
 }
 
 function makeRepo(dir: string, files: number, tag: string): string {
@@ -124,7 +121,7 @@ async function makeEnv(store: LayerStore, work: string, python: BasePython, name
   const commit = makeRepo(repo, repoFiles, name);
   const started = performance.now();
   const env = await buildEnv({ name, python: python.path, repo: { source: repo, commit }, steps: copy.length ? [copyStep(copy)] : [] }, { store });
-  log(`built ${name}: venv ${fmtBytes(env.venv.manifest.size)} (${env.venv.manifest.fileCount} files), archive ${fmtBytes(env.manifest.venv.archiveBytes ?? 0)}, in ${formatMs(performance.now() - started)}`);
+  log(`built ${name}: venv ${formatBytes(env.venv.manifest.size)} (${env.venv.manifest.fileCount} files), archive ${formatBytes(env.manifest.venv.archiveBytes ?? 0)}, in ${formatMs(performance.now() - started)}`);
   return env;
 }
 
@@ -265,10 +262,10 @@ async function main(): Promise<void> {
     const rows: string[][] = [['measure', 'median', 'p95', 'n']];
     const row = (name: string, s: Summary) => rows.push([name, formatMs(s.median), formatMs(s.p95), String(s.n)]);
     row('floor: Sandbox.create() (no env) -> /bin/true done', bare);
-    row(`warm: tiny env (${fmtBytes(w.tinyBytes)}) create -> /bin/true done`, warmTiny);
-    row(`warm: big env (${fmtBytes(w.bigBytes)}) create -> /bin/true done`, warmBig);
+    row(`warm: tiny env (${formatBytes(w.tinyBytes)}) create -> /bin/true done`, warmTiny);
+    row(`warm: big env (${formatBytes(w.bigBytes)}) create -> /bin/true done`, warmBig);
     row('warm: big env create -> python import from repo done', warmPy);
-    row(`cold: store extractor, ${fmtBytes(big.manifest.venv.archiveBytes ?? 0)} .tar.zst`, summarize(ours));
+    row(`cold: store extractor, ${formatBytes(big.manifest.venv.archiveBytes ?? 0)} .tar.zst`, summarize(ours));
     row('cold: GNU tar --zstd -xf, same archive', summarize(gnu));
     row('cold: createEnvSandbox(big, extract) -> /bin/true', summarize(extractMode));
     row(`disk: overlay sandbox setup (${o.envs} envs)`, overlay.setup);
@@ -278,9 +275,9 @@ async function main(): Promise<void> {
     const lines = [
       `warm big/tiny median: ${ratio(warmBig.median, warmTiny.median)}, big/no-env: ${ratio(warmBig.median, bare.median)} (env size ratio ${ratio(w.bigBytes, w.tinyBytes)}); target <= ${TARGET_WARM_MS} ms: ${warmBig.median <= TARGET_WARM_MS && warmTiny.median <= TARGET_WARM_MS ? 'met' : 'NOT met'}`,
       `cold: store extractor / GNU tar: ${ratio(summarize(ours).median, summarize(gnu).median)}; extract-mode sandbox / warm overlay sandbox: ${ratio(summarize(extractMode).median, warmBig.median)}`,
-      `disk: ${o.envs} env archives: ${fmtBytes(archiveBytes)}; store layers: ${fmtBytes(duBytes(layerDirs))} (store total ${fmtBytes(storeDu.diskBytes)}, dedup saved ${fmtBytes(storeDu.savedBytes)})`,
-      `disk: ${o.sandboxes} overlay sandboxes: private ${fmtBytes(overlay.sandboxBytes)}, with layers + archives ${fmtBytes(overlay.totalBytes)} = ${ratio(overlay.totalBytes, archiveBytes)} the archives`,
-      `disk: ${o.sandboxes} extract sandboxes: private ${fmtBytes(extracted.sandboxBytes)}, with archives ${fmtBytes(extracted.totalBytes)} = ${ratio(extracted.totalBytes, archiveBytes)} the archives`,
+      `disk: ${o.envs} env archives: ${formatBytes(archiveBytes)}; store layers: ${formatBytes(duBytes(layerDirs))} (store total ${formatBytes(storeDu.diskBytes)}, dedup saved ${formatBytes(storeDu.savedBytes)})`,
+      `disk: ${o.sandboxes} overlay sandboxes: private ${formatBytes(overlay.sandboxBytes)}, with layers + archives ${formatBytes(overlay.totalBytes)} = ${ratio(overlay.totalBytes, archiveBytes)} the archives`,
+      `disk: ${o.sandboxes} extract sandboxes: private ${formatBytes(extracted.sandboxBytes)}, with archives ${formatBytes(extracted.totalBytes)} = ${ratio(extracted.totalBytes, archiveBytes)} the archives`,
       `disk: extract / overlay: ${ratio(extracted.totalBytes, overlay.totalBytes)} (sandbox-private bytes: ${ratio(extracted.sandboxBytes, Math.max(1, overlay.sandboxBytes))})`,
     ];
     process.stdout.write(`${lines.join('\n')}\n`);

@@ -38,7 +38,8 @@ async function execOk(file: string, args: string[]): Promise<void> {
   const r = await exec(file, args, { timeoutMs: 300_000 });
   if (r.code !== 0) throw new Error(`${file} ${args.join(' ')} failed (${r.code}): ${r.stderr.trim()}`);
 }
-import { formatMs, formatRatio, formatTable, median } from './lib/stats.js';
+import { formatMs, formatRatio, formatTable } from '../lib/format.js';
+import { median } from './lib/stats.js';
 
 const log = (msg: string) => process.stderr.write(`[eval-bench] ${msg}\n`);
 const BASE_IMAGE = 'minisandbox-bench-swe-host';

@@ -5,6 +5,7 @@ import { envsDir, listEnvs } from '../../env/index.js';
 import { describeProblem, normalizeDigest, openStore, type LayerCheck, type LayerStore } from '../../layers/index.js';
 import { fileSha256 } from '../../files/hash.js';
 import { listRefs } from '../../swe/pipeline/index.js';
+import { formatBytes } from '../../format.js';
 import { UsageError } from '../args.js';
 
 export const STORE_HELP = `Usage: minisandbox store ls|du|gc [--store DIR] [--json]
@@ -25,7 +26,6 @@ export const STORE_HELP = `Usage: minisandbox store ls|du|gc [--store DIR] [--js
 
 Default store: $XDG_CACHE_HOME/minisandbox/store or ~/.cache/minisandbox/store.`;
 
-const mib = (n: number) => `${(n / 1024 / 1024).toFixed(1)} MiB`;
 
 /** digest -> who uses it ("env <id>", "prepare venv <description>"...). */
 async function layerUsers(store: LayerStore): Promise<Map<string, string[]>> {
@@ -81,7 +81,7 @@ async function verifyArchives(store: LayerStore, only: Set<string> | undefined):
 }
 
 function layerReport(c: LayerCheck): string {
-  const head = `${c.status === 'ok' ? 'ok      ' : c.status === 'mismatch' ? 'MISMATCH' : 'UNCHECKED'} layer ${c.digest}  ${c.files} files  ${mib(c.bytes)}  ${c.source}\n`;
+  const head = `${c.status === 'ok' ? 'ok      ' : c.status === 'mismatch' ? 'MISMATCH' : 'UNCHECKED'} layer ${c.digest}  ${c.files} files  ${formatBytes(c.bytes)}  ${c.source}\n`;
   const lines = c.problems.map((p) => `  layer ${c.digest}: ${describeProblem(p)}\n`);
   if (c.reason) lines.push(`  layer ${c.digest}: cannot verify: ${c.reason}\n`);
   return head + lines.join('');
@@ -110,14 +110,14 @@ export async function storeCommand(args: string[]): Promise<number> {
         users: users.get(normalizeDigest(l.digest)) ?? [],
       }));
       const text = layers
-        .map((l) => `${l.digest.slice(0, 12)}  ${String(l.files).padStart(7)} files  ${mib(l.bytes).padStart(10)}  ${l.source}\n    used by: ${l.users.join('; ') || 'nothing'}\n`)
+        .map((l) => `${l.digest.slice(0, 12)}  ${String(l.files).padStart(7)} files  ${formatBytes(l.bytes).padStart(10)}  ${l.source}\n    used by: ${l.users.join('; ') || 'nothing'}\n`)
         .join('');
       print(layers, text || 'no layers\n');
       return 0;
     }
     case 'du': {
       const du = await store.du();
-      print(du, `${du.layers} layers, ${du.objects} shared file objects\napparent ${mib(du.apparentBytes)}, on disk ${mib(du.diskBytes)}; deduplication saves ${mib(du.savedBytes)} (files stored once for every layer that holds them)\nstore: ${store.root}\n`);
+      print(du, `${du.layers} layers, ${du.objects} shared file objects\napparent ${formatBytes(du.apparentBytes)}, on disk ${formatBytes(du.diskBytes)}; deduplication saves ${formatBytes(du.savedBytes)} (files stored once for every layer that holds them)\nstore: ${store.root}\n`);
       return 0;
     }
     case 'gc': {
