@@ -9,17 +9,18 @@
  * `repoPath`, the very paths every later sandbox mounts them at, so shebangs,
  * `.pth` files and `pyvenv.cfg` are right without any relocation.
  */
-import { createHash, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { removeTree } from '../files/fsTree.js';
-import { scanForPrefix, type Layer, type LayerStore } from '../layers/index.js';
+import { sha256Hex } from '../files/hash.js';
+import { scanForPrefix, type Layer, type LayerStore, type PinRequest } from '../layers/index.js';
 import { Sandbox, type BindMount } from '../sandbox/index.js';
 import { shQuote } from '../shell/text.js';
 import { EnvError } from './errors.js';
 import { packRepoLayer } from './gitRepo.js';
 import { basePythonMounts, venvVariables } from './layout.js';
-import { envFromManifest, envIdOf, envsDir, saveEnvManifest, type Env, type EnvManifest } from './manifest.js';
+import { envFromManifest, envIdOf, envPinLabel, envPinOwner, envsDir, saveEnvManifest, type Env, type EnvManifest } from './manifest.js';
 import { packAsLayer, type PackedLayer } from './pack.js';
 import { resolvePython } from './python.js';
 import { DEFAULT_REPO_PATH, checkEnvPath, checkRecipe, type EnvRecipe, type EnvStep } from './recipe.js';
@@ -98,6 +99,9 @@ export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promis
   const signal = opts.signal ? { signal: opts.signal } : {};
   await fsp.mkdir(workRoot, { recursive: true });
   const work = await fsp.mkdtemp(path.join(workRoot, `${randomBytes(3).toString('hex')}-`));
+  // The env's id comes from its layers' digests: until it is known, the
+  // layers are pinned for this build, as long as this process lives.
+  const building = `${label} build ${path.basename(work)}`;
   try {
     const venvDir = path.join(work, 'venv');
     const repoDir = path.join(work, 'repo');
@@ -146,10 +150,11 @@ export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promis
     // Editable installs write repoPath into the venv; recorded so a moved repo can be followed.
     const repoPrefixFiles = r.repoPath ? await scanForPrefix(venvDir, r.repoPath) : [];
     const keep = opts.keepArchives ?? true;
-    const venv = await packAsLayer(venvDir, opts.store, { name: `${label} venv ${r.venvPath}`, prefix: r.venvPath, keepArchive: keep, ...signal });
+    const buildPin = { owner: building, label: `${label} (being built by process ${process.pid})`, whileAlive: true };
+    const venv = await packAsLayer(venvDir, opts.store, { name: `${label} venv ${r.venvPath}`, prefix: r.venvPath, keepArchive: keep, pin: buildPin, ...signal });
     const repo =
       r.repo && opts.keepRepo !== false
-        ? await packAsLayer(repoDir, opts.store, { name: `${label} repo ${r.repo.source}@${commit}`, prefix: r.repoPath!, keepArchive: keep, ...signal })
+        ? await packAsLayer(repoDir, opts.store, { name: `${label} repo ${r.repo.source}@${commit}`, prefix: r.repoPath!, keepArchive: keep, pin: building, ...signal })
         : undefined;
     const record = (p: PackedLayer) => ({ digest: p.layer.digest, ...withArchive({ ...p, archive: p.archive && path.relative(envsDir(opts.store.root), p.archive) }) });
     const body: Omit<EnvManifest, 'id' | 'created' | 'version' | 'name' | 'steps'> = {
@@ -168,9 +173,13 @@ export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promis
       steps: r.steps,
       ...(r.systemSitePackages ? { systemSitePackages: true } : {}),
     };
+    // Pinned before it is recorded: a crash in between leaves a pin that
+    // removeEnv(id) drops, never a recorded env whose layers gc may take.
+    await opts.store.pin(envPinOwner(manifest.id), [venv.layer.digest, ...(repo ? [repo.layer.digest] : [])], { label: envPinLabel(manifest) });
     await saveEnvManifest(opts.store.root, manifest);
     return envFromManifest(manifest, opts.store);
   } finally {
+    await opts.store.unpin(building).catch(() => undefined);
     await removeTree(work).catch(() => undefined);
   }
 }
@@ -191,8 +200,10 @@ export interface BuildRepoOptions {
   /** Path the repo will have in sandboxes, recorded as the layer's prefix (default /testbed). */
   repoPath?: string;
   workRoot?: string;
-  /** Keep the .tar.zst archive (default true; extract mode needs it). false adds the checkout as a directory, with no archive made. */
+  /** Keep the .tar.zst archive (default true). false adds the checkout as a directory, with no archive made. */
   keepArchive?: boolean;
+  /** Add the layer, built or reused, to this pin (see LayerStore.pin): what keeps it from gc. */
+  pin?: PinRequest;
   signal?: AbortSignal;
 }
 
@@ -210,8 +221,7 @@ function withArchive(p: { archive?: string | undefined; archiveBytes?: number | 
 
 /** Where buildRepo remembers which layer a (source, full commit sha, repoPath) became. */
 function repoCacheFile(storeRoot: string, source: string, commit: string, repoPath: string): string {
-  const key = createHash('sha256').update(JSON.stringify([source, commit.toLowerCase(), repoPath])).digest('hex');
-  return path.join(envsDir(storeRoot), 'repos', `${key}.json`);
+  return path.join(envsDir(storeRoot), 'repos', `${sha256Hex(JSON.stringify([source, commit.toLowerCase(), repoPath]))}.json`);
 }
 
 /**
@@ -226,14 +236,19 @@ export async function buildRepo(repo: string, commit: string, opts: BuildRepoOpt
   const source = isUrl ? repo : path.resolve(repo);
   const cacheable = /^[0-9a-f]{40}$/i.test(commit);
   const cacheFile = repoCacheFile(opts.store.root, source, commit, repoPath);
+  const pin = typeof opts.pin === 'string' ? { owner: opts.pin } : opts.pin;
   if (cacheable) {
-    try {
-      const cached = JSON.parse(await fsp.readFile(cacheFile, 'utf8')) as Omit<RepoLayer, 'layer'> & { digest: string };
-      const layer = await opts.store.get(cached.digest);
-      if (layer) return { layer, commit: cached.commit, ...withArchive(cached) };
-    } catch {
-      // not built yet, or unreadable: build it
-    }
+    const cached = await fsp.readFile(cacheFile, 'utf8').then(
+      (text) => JSON.parse(text) as Omit<RepoLayer, 'layer'> & { digest: string },
+      () => undefined, // not built yet, or unreadable: build it
+    );
+    const layer = cached && typeof cached.digest === 'string' ? await opts.store.get(cached.digest).catch(() => undefined) : undefined;
+    // pin() takes the layer's lock and refuses a layer gone meanwhile (a gc took it): then build it again.
+    const kept = layer && (!pin || (await opts.store.pin(pin.owner, [layer.digest], pin).then(() => true, async (err: unknown) => {
+      if (await opts.store.get(layer.digest)) throw err;
+      return false;
+    })));
+    if (kept) return { layer, commit: cached!.commit, ...withArchive(cached!) };
   }
   const workRoot = path.resolve(opts.workRoot ?? path.join(envsDir(opts.store.root), 'build'));
   await fsp.mkdir(workRoot, { recursive: true });
@@ -244,6 +259,7 @@ export async function buildRepo(repo: string, commit: string, opts: BuildRepoOpt
       name: `repo ${source}@${info.commit}`,
       prefix: repoPath,
       keepArchive: opts.keepArchive ?? true,
+      ...(pin ? { pin } : {}),
       ...(opts.signal ? { signal: opts.signal } : {}),
     });
     const result: RepoLayer = { layer: packed.layer, commit: info.commit, ...withArchive(packed) };

@@ -9,7 +9,7 @@ export { checkRecipe, checkEnvPath, DEFAULT_VENV_PATH, DEFAULT_REPO_PATH, type E
 export {
   loadEnv,
   listEnvs,
-  envLayerDigests,
+  removeEnv,
   envsDir,
   archiveFileFor,
   type Env,

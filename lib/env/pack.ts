@@ -12,7 +12,7 @@ import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { packDirectory } from '../files/extract.js';
-import type { Layer, LayerStore } from '../layers/index.js';
+import type { Layer, LayerStore, PinRequest } from '../layers/index.js';
 import { archiveFileFor, envsDir } from './manifest.js';
 
 export interface PackedLayer {
@@ -26,9 +26,14 @@ export interface PackedLayer {
 export async function packAsLayer(
   dir: string,
   store: LayerStore,
-  opts: { name: string; prefix?: string; keepArchive?: boolean; signal?: AbortSignal },
+  opts: { name: string; prefix?: string; keepArchive?: boolean; pin?: PinRequest; signal?: AbortSignal },
 ): Promise<PackedLayer> {
-  const add = { name: opts.name, ...(opts.prefix ? { prefix: opts.prefix } : {}), ...(opts.signal ? { signal: opts.signal } : {}) };
+  const add = {
+    name: opts.name,
+    ...(opts.prefix ? { prefix: opts.prefix } : {}),
+    ...(opts.pin !== undefined ? { pin: opts.pin } : {}),
+    ...(opts.signal ? { signal: opts.signal } : {}),
+  };
   if (opts.keepArchive === false) return { layer: await store.addDirectory(dir, add) };
   const archivesDir = path.join(envsDir(store.root), 'archives');
   await fsp.mkdir(archivesDir, { recursive: true });

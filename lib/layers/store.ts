@@ -6,11 +6,12 @@ import { adopt, codeOf } from '../errors.js';
 import { extractArchive, type Compression } from '../files/extract.js';
 import { makeReadOnly, removeTree, walkTree } from '../files/fsTree.js';
 import { hashFile, sha256Hex } from '../files/hash.js';
-import { acquireLock } from '../files/lock.js';
+import { acquireLock, tryLock, type FileLock } from '../files/lock.js';
 import { processIsAlive, run, selfStartTime } from '../files/proc.js';
 import { IoBudget, type BudgetOptions, type BudgetProgress } from './budget.js';
 import { dedupTree, gcObjects, type DedupOptions, type DedupResult } from './dedup.js';
 import { LayerError } from './errors.js';
+import { checkOwner, isLive, readPin, readPins, removePin, withPinsLock, writePin, type Pin, type PinOptions, type PinRequest } from './pins.js';
 import { scanForPrefix, type PrefixFile } from './relocate.js';
 import { LISTING_FILE, compareListings, treeListing, type HashCache, type LayerProblem, type ListingEntry } from './verify.js';
 
@@ -27,6 +28,9 @@ import { LISTING_FILE, compareListings, treeListing, type HashCache, type LayerP
  *   locks/<sha256>.lock             build-once flock per layer (never deleted:
  *                                   deleting a lock file someone waits on
  *                                   would let two processes hold "the" lock)
+ *   locks/pins.lock                 every change to pins/ is made under it
+ *   pins/<sha256 of owner>.json     who uses which layers (see pins.ts): gc
+ *                                   keeps every layer a live pin names
  *   budget/                         cross-process I/O budget slots
  *
  * The manifest sits next to the tree, not in it, so the mounted layer shows
@@ -89,6 +93,12 @@ export interface AddOptions {
   prefix?: string;
   /** Archive compression (default: from the file name). */
   compression?: Compression;
+  /**
+   * Add the layer to this owner's pin (made if there is none, with these
+   * options; see pin()) before the layer's build lock is released, so that
+   * no gc can take it between being built (or found) and being pinned.
+   */
+  pin?: PinRequest;
   onProgress?: (p: BudgetProgress) => void;
   signal?: AbortSignal;
 }
@@ -107,12 +117,16 @@ export interface DiskUsage {
 }
 
 export interface GcOptions {
-  /** Digests that must be kept (layers mounted by live sandboxes). */
-  inUse: Iterable<string>;
+  /** Layers to keep besides the pinned ones (e.g. mounted by sandboxes that no pin covers). */
+  inUse?: Iterable<string>;
 }
 
 export interface GcResult {
   removedLayers: string[];
+  /** Unpinned layers kept because someone held them at that moment (being pinned, removed or verified). */
+  busyLayers: string[];
+  /** Pins of work in progress (`whileAlive`) whose process is gone. */
+  removedPins: number;
   removedObjects: number;
   removedStaging: number;
 }
@@ -149,7 +163,7 @@ export function normalizeDigest(digest: string): string {
 
 export async function openStore(opts: StoreOptions = {}): Promise<LayerStore> {
   const root = path.resolve(opts.root ?? defaultStoreRoot());
-  for (const sub of ['layers', 'objects', 'staging', 'locks']) await fsp.mkdir(path.join(root, sub), { recursive: true });
+  for (const sub of ['layers', 'objects', 'staging', 'locks', 'pins']) await fsp.mkdir(path.join(root, sub), { recursive: true });
   let budget: IoBudget | undefined;
   if (opts.budget instanceof IoBudget) budget = opts.budget;
   else if (opts.budget !== false) budget = new IoBudget({ ...(opts.budget ?? {}), dir: path.join(root, 'budget') });
@@ -170,6 +184,10 @@ export class LayerStore {
 
   private layerDir(d: string): string {
     return path.join(this.root, 'layers', d);
+  }
+
+  private lockFile(d: string): string {
+    return path.join(this.root, 'locks', `${d}.lock`);
   }
 
   /** Add a .tar.zst / .tar.gz / .tar archive; its digest is the sha256 of the archive file. */
@@ -228,19 +246,24 @@ export class LayerStore {
   ): Promise<Layer> {
     if (opts.prefix !== undefined && !path.isAbsolute(opts.prefix))
       throw new LayerError(`layer ${source}: prefix ${opts.prefix} is not an absolute path`);
+    const pin = opts.pin === undefined ? undefined : typeof opts.pin === 'string' ? { owner: opts.pin } : opts.pin;
+    if (pin) checkOwner(pin.owner);
     const existing = await this.get(digest);
-    if (existing) return existing;
+    if (existing && !pin) return existing;
 
     // Build exactly once across processes: whoever gets the lock builds; the
     // others wait, then find the finished layer and reuse it.
-    const lock = await acquireLock(path.join(this.root, 'locks', `${digest}.lock`), {
+    const lock = await acquireLock(this.lockFile(digest), {
       what: `layer ${digest} (${source})`,
       ...(this.lockTimeoutMs !== undefined ? { timeoutMs: this.lockTimeoutMs } : {}),
       ...(opts.signal ? { signal: opts.signal } : {}),
     });
     try {
       const built = await this.get(digest);
-      if (built) return built;
+      if (built) {
+        if (pin) await this.addToPin(pin.owner, [digest], pin);
+        return built;
+      }
       await this.removeStaleStaging(digest);
       const ticket = this.budget
         ? await this.budget.acquire(bytes, { label: `${digest.slice(0, 12)} ${path.basename(source)}`, ...(opts.signal ? { signal: opts.signal } : {}) })
@@ -273,10 +296,68 @@ export class LayerStore {
       }
       const layer = await this.get(digest);
       if (!layer) throw new LayerError(`layer ${digest} (${source}): vanished right after it was built`);
+      if (pin) await this.addToPin(pin.owner, [digest], pin);
       return layer;
     } finally {
       await lock.release();
     }
+  }
+
+  /** With the build locks of `digests` held: add them to `owner`'s pin, made if it has none. */
+  private addToPin(owner: string, digests: string[], opts: PinOptions = {}): Promise<Pin> {
+    return withPinsLock(this.root, async () => {
+      const before = await readPin(this.root, owner);
+      const had = before && isLive(before) ? before : undefined;
+      const holder = had ? had.process : opts.whileAlive ? { pid: process.pid, startTime: selfStartTime() } : undefined;
+      const pin: Pin = {
+        owner,
+        label: opts.label ?? had?.label ?? owner,
+        digests: [...new Set([...(had?.digests ?? []), ...digests])].sort(),
+        updated: new Date().toISOString(),
+        ...(holder ? { process: holder } : {}),
+      };
+      await writePin(this.root, pin);
+      return pin;
+    });
+  }
+
+  /**
+   * Adds `digests` to `owner`'s pin, making it if there is none (a pin may
+   * name no layer yet), and returns the pin. gc keeps every layer a pin
+   * names until its owner is unpinned. Each layer must be in the store: a
+   * missing one (never built, or collected before it was pinned) is an
+   * error naming it, and the pin is left as it was. `opts` apply to a new
+   * pin (a label given replaces the old one).
+   */
+  async pin(owner: string, digests: Iterable<string>, opts: PinOptions = {}): Promise<Pin> {
+    checkOwner(owner);
+    const names = [...new Set([...digests].map(normalizeDigest))].sort();
+    // The layers' build locks, in one order (no two pinners wait on each
+    // other), held until the pin is written: gc cannot remove them meanwhile.
+    const locks: FileLock[] = [];
+    try {
+      for (const d of names) {
+        locks.push(await acquireLock(this.lockFile(d), { what: `pin ${owner}: layer ${d}`, ...(this.lockTimeoutMs !== undefined ? { timeoutMs: this.lockTimeoutMs } : {}) }));
+      }
+      for (const d of names) if (!(await this.get(d))) throw new LayerError(`pin ${JSON.stringify(owner)}: layer ${d} is not in the store ${this.root}`);
+      return await this.addToPin(owner, names, opts);
+    } finally {
+      for (const l of locks.reverse()) await l.release();
+    }
+  }
+
+  /** Drops `owner`'s pin: its layers go at the next gc unless another pin keeps them. False if it had none. */
+  async unpin(owner: string): Promise<boolean> {
+    checkOwner(owner);
+    return withPinsLock(this.root, () => removePin(this.root, owner));
+  }
+
+  /** Every pin that counts (pins of work in progress whose process is gone do not), by owner. */
+  async pins(): Promise<Pin[]> {
+    return (await readPins(this.root))
+      .map((p) => p.pin)
+      .filter(isLive)
+      .sort((a, b) => (a.owner < b.owner ? -1 : a.owner > b.owner ? 1 : 0));
   }
 
   /** Scan, set final modes, dedup, count, list: everything before publishing. */
@@ -351,11 +432,17 @@ export class LayerStore {
     return out;
   }
 
-  /** Remove one layer. Returns false if it was not there. Takes the layer's build lock. */
+  /**
+   * Remove one layer. Returns false if it was not there; refuses a pinned
+   * layer, naming its users. Takes the layer's build lock (which pinning
+   * holds too: no pin can appear while this decides).
+   */
   async remove(digest: string): Promise<boolean> {
     const d = normalizeDigest(digest);
-    const lock = await acquireLock(path.join(this.root, 'locks', `${d}.lock`), { what: `remove layer ${d}` });
+    const lock = await acquireLock(this.lockFile(d), { what: `remove layer ${d}` });
     try {
+      const users = (await this.pins()).filter((p) => p.digests.includes(d)).map((p) => p.label);
+      if (users.length > 0) throw new LayerError(`remove layer ${d}: in use by ${users.join('; ')}; unpin it first`);
       return await this.removeLocked(d);
     } finally {
       await lock.release();
@@ -377,16 +464,38 @@ export class LayerStore {
   }
 
   /**
-   * Remove every layer not in `inUse`, staging dirs left by dead processes,
-   * and dedup objects no layer links to any more.
+   * Remove every layer no live pin names (and not in `inUse`), pins of work
+   * in progress whose process died, staging dirs left by dead processes,
+   * and dedup objects no layer links to any more. Runs under the pins lock,
+   * so no pin changes while it decides; a layer someone holds right then (a
+   * pin being made, a verify) is left for the next run.
    */
-  async gc(opts: GcOptions): Promise<GcResult> {
-    const keep = new Set<string>([...opts.inUse].map(normalizeDigest));
-    const result: GcResult = { removedLayers: [], removedObjects: 0, removedStaging: 0 };
-    for (const name of await fsp.readdir(path.join(this.root, 'layers'))) {
-      if (!DIGEST.test(name) || keep.has(name)) continue;
-      if (await this.remove(name)) result.removedLayers.push(name);
-    }
+  async gc(opts: GcOptions = {}): Promise<GcResult> {
+    const keep = new Set<string>([...(opts.inUse ?? [])].map(normalizeDigest));
+    const result: GcResult = { removedLayers: [], busyLayers: [], removedPins: 0, removedObjects: 0, removedStaging: 0 };
+    await withPinsLock(this.root, async () => {
+      for (const { file, pin } of await readPins(this.root)) {
+        if (isLive(pin)) for (const d of pin.digests) keep.add(d);
+        else {
+          await fsp.rm(file, { force: true });
+          result.removedPins++;
+        }
+      }
+      for (const name of (await fsp.readdir(path.join(this.root, 'layers'))).sort()) {
+        if (!DIGEST.test(name) || keep.has(name)) continue;
+        // Never wait here: whoever holds the lock may be waiting for the pins lock we hold.
+        const lock = await tryLock(this.lockFile(name), { what: `gc layer ${name}` });
+        if (!lock) {
+          result.busyLayers.push(name);
+          continue;
+        }
+        try {
+          if (await this.removeLocked(name)) result.removedLayers.push(name);
+        } finally {
+          await lock.release();
+        }
+      }
+    });
     const staging = path.join(this.root, 'staging');
     for (const name of await fsp.readdir(staging)) {
       const m = /\.(\d+)-(\d+)\.[0-9a-f]+$/.exec(name);
@@ -404,8 +513,8 @@ export class LayerStore {
    * mtime, every directory's mode, every symlink's target, nothing missing
    * and nothing added; and the manifest and listing themselves. Files shared
    * by dedup are read once. Each layer is checked under its build lock, so a
-   * concurrent remove or gc waits. Throws for a named layer that is not in
-   * the store.
+   * concurrent remove waits and gc leaves it for its next run. Throws for a
+   * named layer that is not in the store.
    */
   async verify(digests?: Iterable<string>): Promise<LayerCheck[]> {
     let names: string[];
@@ -417,7 +526,7 @@ export class LayerStore {
     const cache: HashCache = new Map();
     const out: LayerCheck[] = [];
     for (const d of names) {
-      const lock = await acquireLock(path.join(this.root, 'locks', `${d}.lock`), { what: `verify layer ${d}` });
+      const lock = await acquireLock(this.lockFile(d), { what: `verify layer ${d}` });
       try {
         const layer = await this.get(d);
         if (layer) out.push(await this.verifyLayer(layer, cache));
