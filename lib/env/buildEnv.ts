@@ -29,7 +29,7 @@ export interface BuildEnvOptions {
   store: LayerStore;
   /** Scratch space for the build (default <store>/envs/build); a fresh subdirectory is used and removed. */
   workRoot?: string;
-  /** Keep the .tar.zst archives in <store>/envs/archives (default true; extract mode needs them). */
+  /** Keep the .tar.zst archives in <store>/envs/archives (default true): the shippable form of the env's layers. */
   keepArchives?: boolean;
   /** Output of every build command, as it is produced. */
   onOutput?: (step: string, text: string) => void;

@@ -5,7 +5,7 @@
  *
  *   envs/<id>.json                    the manifest
  *   envs/archives/<digest>.tar.zst    the layer's archive (the shippable form,
- *                                     and the source of extract mode)
+ *                                     and the extraction baseline's source)
  *   envs/build/<random>/              builds in progress (removed after)
  */
 import { promises as fsp } from 'node:fs';

@@ -3,7 +3,8 @@
  * (reproducible: sorted, numeric owner 0, mtimes kept), add the archive to the
  * store (its digest is the archive's sha256, so the same tree packed twice is
  * one layer), and keep the archive as envs/archives/<digest>.tar.zst: it is
- * what would be shipped to another machine, and what extract mode unpacks.
+ * what would be shipped to another machine (and what the extraction baseline
+ * unpacks).
  *
  * Without an archive to keep, packing and unpacking again would only cost
  * time (zstd, then tar), so the directory is added as it is.
