@@ -8,7 +8,7 @@
  * warm  createEnvSandbox(env) to the first command done, store already
  *       holding the layers, for a tiny env and a big (100+ MB) one: the
  *       cost must not depend on the env's size (target: median <= 20 ms).
- * cold  unpacking the big venv's archive once: the store's extractor vs
+ * cold  unpacking the big venv's archive once: the layer extractor vs
  *       plain GNU `tar --zstd -xf`, and the extraction baseline's
  *       per-sandbox setup (lib/env/extractBaseline.ts).
  * disk  bytes used by N sandboxes on M envs (overlay) against the M env
@@ -252,7 +252,7 @@ async function main(): Promise<void> {
     };
     log(`disk: ${o.sandboxes} overlay sandboxes on ${o.envs} envs`);
     const overlay = await measure('overlay');
-    log(`disk: ${o.sandboxes} extract-mode sandboxes`);
+    log(`disk: ${o.sandboxes} extracted sandboxes`);
     const extracted = await measure('extract');
     const storeDu = await store.du();
     results.disk = { envs: o.envs, sandboxes: o.sandboxes, archiveBytes, layerBytes: duBytes(layerDirs), overlay, extracted, storeDiskBytes: storeDu.diskBytes, storeSavedByDedup: storeDu.savedBytes };
@@ -268,7 +268,7 @@ async function main(): Promise<void> {
     row(`warm: tiny env (${formatBytes(w.tinyBytes)}) create -> /bin/true done`, warmTiny);
     row(`warm: big env (${formatBytes(w.bigBytes)}) create -> /bin/true done`, warmBig);
     row('warm: big env create -> python import from repo done', warmPy);
-    row(`cold: store extractor, ${formatBytes(big.manifest.venv.archiveBytes ?? 0)} .tar.zst`, summarize(ours));
+    row(`cold: layer extractor, ${formatBytes(big.manifest.venv.archiveBytes ?? 0)} .tar.zst`, summarize(ours));
     row('cold: GNU tar --zstd -xf, same archive', summarize(gnu));
     row('cold: createExtractedEnvSandbox(big) -> /bin/true', summarize(extractMode));
     row(`disk: overlay sandbox setup (${o.envs} envs)`, overlay.setup);
@@ -277,7 +277,7 @@ async function main(): Promise<void> {
     const ratio = (a: number, b: number) => formatRatio(a / b);
     const lines = [
       `warm big/tiny median: ${ratio(warmBig.median, warmTiny.median)}, big/no-env: ${ratio(warmBig.median, bare.median)} (env size ratio ${ratio(w.bigBytes, w.tinyBytes)}); target <= ${TARGET_WARM_MS} ms: ${warmBig.median <= TARGET_WARM_MS && warmTiny.median <= TARGET_WARM_MS ? 'met' : 'NOT met'}`,
-      `cold: store extractor / GNU tar: ${ratio(summarize(ours).median, summarize(gnu).median)}; extract-mode sandbox / warm overlay sandbox: ${ratio(summarize(extractMode).median, warmBig.median)}`,
+      `cold: layer extractor / GNU tar: ${ratio(summarize(ours).median, summarize(gnu).median)}; extracted sandbox / warm overlay sandbox: ${ratio(summarize(extractMode).median, warmBig.median)}`,
       `disk: ${o.envs} env archives: ${formatBytes(archiveBytes)}; store layers: ${formatBytes(duBytes(layerDirs))} (store total ${formatBytes(storeDu.diskBytes)}, dedup saved ${formatBytes(storeDu.savedBytes)})`,
       `disk: ${o.sandboxes} overlay sandboxes: private ${formatBytes(overlay.sandboxBytes)}, with layers + archives ${formatBytes(overlay.totalBytes)} = ${ratio(overlay.totalBytes, archiveBytes)} the archives`,
       `disk: ${o.sandboxes} extract sandboxes: private ${formatBytes(extracted.sandboxBytes)}, with archives ${formatBytes(extracted.totalBytes)} = ${ratio(extracted.totalBytes, archiveBytes)} the archives`,
