@@ -15,6 +15,7 @@ import path from 'node:path';
 import { removeTree } from '../files/fsTree.js';
 import { sha256Hex } from '../files/hash.js';
 import { scanForPrefix, type Layer, type LayerStore, type PinRequest } from '../layers/index.js';
+import { pinRequest } from '../layers/pins.js';
 import { Sandbox, type BindMount } from '../sandbox/index.js';
 import { shQuote } from '../shell/text.js';
 import { EnvError } from './errors.js';
@@ -236,7 +237,7 @@ export async function buildRepo(repo: string, commit: string, opts: BuildRepoOpt
   const source = isUrl ? repo : path.resolve(repo);
   const cacheable = /^[0-9a-f]{40}$/i.test(commit);
   const cacheFile = repoCacheFile(opts.store.root, source, commit, repoPath);
-  const pin = typeof opts.pin === 'string' ? { owner: opts.pin } : opts.pin;
+  const pin = opts.pin === undefined ? undefined : pinRequest(opts.pin);
   if (cacheable) {
     const cached = await fsp.readFile(cacheFile, 'utf8').then(
       (text) => JSON.parse(text) as Omit<RepoLayer, 'layer'> & { digest: string },

@@ -52,6 +52,13 @@ export function checkOwner(owner: unknown): string {
   return owner;
 }
 
+/** A PinRequest as owner and options, the owner checked. */
+export function pinRequest(req: PinRequest): { owner: string } & PinOptions {
+  const pin = typeof req === 'string' ? { owner: req } : req;
+  checkOwner(pin.owner);
+  return pin;
+}
+
 function pinFile(root: string, owner: string): string {
   return path.join(root, 'pins', `${sha256Hex(owner)}.json`);
 }

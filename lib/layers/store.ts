@@ -11,7 +11,7 @@ import { processIsAlive, run, selfStartTime } from '../files/proc.js';
 import { IoBudget, type BudgetOptions, type BudgetProgress } from './budget.js';
 import { dedupTree, gcObjects, type DedupOptions, type DedupResult } from './dedup.js';
 import { LayerError } from './errors.js';
-import { checkOwner, isLive, readPin, readPins, removePin, withPinsLock, writePin, type Pin, type PinOptions, type PinRequest } from './pins.js';
+import { checkOwner, isLive, pinRequest, readPin, readPins, removePin, withPinsLock, writePin, type Pin, type PinOptions, type PinRequest } from './pins.js';
 import { scanForPrefix, type PrefixFile } from './relocate.js';
 import { LISTING_FILE, compareListings, treeListing, type HashCache, type LayerProblem, type ListingEntry } from './verify.js';
 
@@ -173,6 +173,14 @@ export async function openStore(opts: StoreOptions = {}): Promise<LayerStore> {
 
 type Builder = (tree: string, ticketProgress: (done: number) => void) => Promise<void>;
 
+/** What a layer is built from: its digest, the bytes to unpack or copy, and its name in the manifest. */
+interface LayerSource {
+  digest: string;
+  bytes: number;
+  kind: 'archive' | 'directory';
+  source: string;
+}
+
 export class LayerStore {
   /** @internal use openStore() */
   constructor(
@@ -197,7 +205,7 @@ export class LayerStore {
       throw new LayerError(`layer archive ${abs}: cannot read: ${(err as Error).message}`, { cause: err });
     });
     const digest = await hashFile(abs, st.size);
-    return this.build(digest, st.size, 'archive', opts.name ?? abs, opts, async (tree, progress) => {
+    return this.build({ digest, bytes: st.size, kind: 'archive', source: opts.name ?? abs }, opts, async (tree, progress) => {
       await extractArchive(abs, tree, {
         ...(opts.compression ? { compression: opts.compression } : {}),
         ...(opts.signal ? { signal: opts.signal } : {}),
@@ -212,7 +220,7 @@ export class LayerStore {
     const st = await fsp.lstat(abs).catch(() => undefined);
     if (!st?.isDirectory()) throw new LayerError(`layer directory ${abs}: not a directory`);
     const { digest, bytes } = await digestDirectory(abs);
-    return this.build(digest, bytes, 'directory', opts.name ?? abs, opts, async (tree, progress) => {
+    return this.build({ digest, bytes, kind: 'directory', source: opts.name ?? abs }, opts, async (tree, progress) => {
       // cp -a keeps modes, mtimes (ns), symlinks as symlinks and hard links;
       // not ownership, for the same reason as tar's --no-same-owner.
       await run('cp', ['-a', '--no-preserve=ownership', `${abs}/.`, tree], { what: `layer directory ${abs}: copy` });
@@ -220,34 +228,20 @@ export class LayerStore {
     });
   }
 
-  private async build(
-    digest: string,
-    bytes: number,
-    kind: 'archive' | 'directory',
-    source: string,
-    opts: AddOptions,
-    fill: Builder,
-  ): Promise<Layer> {
+  private async build(src: LayerSource, opts: AddOptions, fill: Builder): Promise<Layer> {
     try {
-      return await this.buildOnce(digest, bytes, kind, source, opts, fill);
+      return await this.buildOnce(src, opts, fill);
     } catch (err) {
       // An archive refused, a lock not acquired, a copy failed: the store's error.
       throw adopt(err, LayerError);
     }
   }
 
-  private async buildOnce(
-    digest: string,
-    bytes: number,
-    kind: 'archive' | 'directory',
-    source: string,
-    opts: AddOptions,
-    fill: Builder,
-  ): Promise<Layer> {
+  private async buildOnce(src: LayerSource, opts: AddOptions, fill: Builder): Promise<Layer> {
+    const { digest, bytes, source } = src;
     if (opts.prefix !== undefined && !path.isAbsolute(opts.prefix))
       throw new LayerError(`layer ${source}: prefix ${opts.prefix} is not an absolute path`);
-    const pin = opts.pin === undefined ? undefined : typeof opts.pin === 'string' ? { owner: opts.pin } : opts.pin;
-    if (pin) checkOwner(pin.owner);
+    const pin = opts.pin === undefined ? undefined : pinRequest(opts.pin);
     const existing = await this.get(digest);
     if (existing && !pin) return existing;
 
@@ -276,7 +270,7 @@ export class LayerStore {
           ticket?.progress(done);
           opts.onProgress?.({ label: digest, done, total: bytes });
         });
-        const { manifest, listing } = await this.finishTree(tree, digest, kind, source, opts);
+        const { manifest, listing } = await this.finishTree(tree, src, opts);
         await fsp.writeFile(path.join(staging, LISTING_FILE), listing, { mode: 0o444 });
         await fsp.writeFile(path.join(staging, 'manifest.json'), `${JSON.stringify(manifest, null, 2)}\n`, { mode: 0o444 });
         try {
@@ -361,13 +355,7 @@ export class LayerStore {
   }
 
   /** Scan, set final modes, dedup, count, list: everything before publishing. */
-  private async finishTree(
-    tree: string,
-    digest: string,
-    kind: 'archive' | 'directory',
-    source: string,
-    opts: AddOptions,
-  ): Promise<{ manifest: LayerManifest; listing: string }> {
+  private async finishTree(tree: string, src: LayerSource, opts: AddOptions): Promise<{ manifest: LayerManifest; listing: string }> {
     // Scan before anything else touches the tree.
     const prefixFiles = opts.prefix ? await scanForPrefix(tree, opts.prefix) : undefined;
     // Files first: dedup keys on the final mode. Directories stay writable
@@ -381,12 +369,12 @@ export class LayerStore {
     const listing = await treeListing(tree, { known: hashes });
     const manifest: LayerManifest = {
       version: 1,
-      digest,
+      digest: src.digest,
       size: counts.bytes,
       fileCount: counts.files,
       entryCount: counts.entries,
-      source,
-      sourceKind: kind,
+      source: src.source,
+      sourceKind: src.kind,
       ...(opts.prefix ? { prefix: opts.prefix, prefixFiles: prefixFiles ?? [] } : {}),
       created: new Date().toISOString(),
       ...(dedup ? { dedup } : {}),
