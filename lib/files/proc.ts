@@ -49,7 +49,7 @@ export function run(
  * /proc/PID/stat), or undefined if the process does not exist. A pid plus
  * its start time identifies a process even after the pid is reused.
  */
-export function processStartTime(pid: number): string | undefined {
+function processStartTime(pid: number): string | undefined {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
     // comm (field 2) may contain spaces and parentheses: parse after the last ')'.

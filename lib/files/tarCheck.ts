@@ -491,7 +491,7 @@ function parsePax(data: Buffer, bad: (why: string) => never): Map<string, string
 }
 
 /** Member name for messages: the bytes as UTF-8, control characters escaped. */
-export function displayName(latin1: string): string {
+function displayName(latin1: string): string {
   return printable(Buffer.from(latin1, 'latin1').toString('utf8'));
 }
 

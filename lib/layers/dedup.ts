@@ -44,7 +44,7 @@ export interface DedupResult {
   savedBytes: number;
 }
 
-export function objectPathFor(objectsDir: string, key: string): string {
+function objectPathFor(objectsDir: string, key: string): string {
   return path.join(objectsDir, key.slice(0, 2), key.slice(2));
 }
 

@@ -80,7 +80,7 @@ export function createPrivateDir(stateDir: string, id: string): string {
   return dir;
 }
 
-export function readOwner(dir: string): OwnerRecord | null {
+function readOwner(dir: string): OwnerRecord | null {
   try {
     return JSON.parse(readFileSync(join(dir, OWNER_FILE), 'utf8')) as OwnerRecord;
   } catch {

@@ -51,7 +51,7 @@ function readBigSize(buf: Buffer, off: number): number {
 }
 
 /** Entries of the central directory. */
-export function listZipEntries(buf: Buffer): ZipEntry[] {
+function listZipEntries(buf: Buffer): ZipEntry[] {
   if (buf.length < 22) throw new BadZipError('File is not a zip file');
   const eocd = findEndOfCentralDirectory(buf);
   let count = buf.readUInt16LE(eocd + 10);
