@@ -14,7 +14,7 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { removeTree } from '../files/fsTree.js';
 import { sha256Hex } from '../files/hash.js';
-import { scanForPrefix, type Layer, type LayerStore, type PinRequest } from '../layers/index.js';
+import { scanForPrefix, type Layer, type LayerStore, type PinOptions, type PinRequest } from '../layers/index.js';
 import { pinRequest } from '../layers/pins.js';
 import { Sandbox, type BindMount } from '../sandbox/index.js';
 import { shQuote } from '../shell/text.js';
@@ -225,6 +225,17 @@ function repoCacheFile(storeRoot: string, source: string, commit: string, repoPa
   return path.join(envsDir(storeRoot), 'repos', `${sha256Hex(JSON.stringify([source, commit.toLowerCase(), repoPath]))}.json`);
 }
 
+/** Pins a layer buildRepo remembered; false if a gc took it meanwhile (pin() refuses a missing layer): then it is built again. */
+async function pinFound(store: LayerStore, pin: { owner: string } & PinOptions, digest: string): Promise<boolean> {
+  try {
+    await store.pin(pin.owner, [digest], pin);
+    return true;
+  } catch (err) {
+    if (await store.get(digest)) throw err;
+    return false;
+  }
+}
+
 /**
  * Pack `repo` (a path or URL) at `commit` as a store layer (a
  * self-contained, clean checkout). A clone's .git is not byte-reproducible
@@ -239,17 +250,12 @@ export async function buildRepo(repo: string, commit: string, opts: BuildRepoOpt
   const cacheFile = repoCacheFile(opts.store.root, source, commit, repoPath);
   const pin = opts.pin === undefined ? undefined : pinRequest(opts.pin);
   if (cacheable) {
-    const cached = await fsp.readFile(cacheFile, 'utf8').then(
-      (text) => JSON.parse(text) as Omit<RepoLayer, 'layer'> & { digest: string },
-      () => undefined, // not built yet, or unreadable: build it
-    );
+    const cached = await fsp
+      .readFile(cacheFile, 'utf8')
+      .then((text) => JSON.parse(text) as Omit<RepoLayer, 'layer'> & { digest: string })
+      .catch(() => undefined); // not built yet, or unreadable: build it
     const layer = cached && typeof cached.digest === 'string' ? await opts.store.get(cached.digest).catch(() => undefined) : undefined;
-    // pin() takes the layer's lock and refuses a layer gone meanwhile (a gc took it): then build it again.
-    const kept = layer && (!pin || (await opts.store.pin(pin.owner, [layer.digest], pin).then(() => true, async (err: unknown) => {
-      if (await opts.store.get(layer.digest)) throw err;
-      return false;
-    })));
-    if (kept) return { layer, commit: cached!.commit, ...withArchive(cached!) };
+    if (layer && (!pin || (await pinFound(opts.store, pin, layer.digest)))) return { layer, commit: cached!.commit, ...withArchive(cached!) };
   }
   const workRoot = path.resolve(opts.workRoot ?? path.join(envsDir(opts.store.root), 'build'));
   await fsp.mkdir(workRoot, { recursive: true });

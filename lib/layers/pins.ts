@@ -17,7 +17,7 @@
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { codeOf } from '../errors.js';
+import { adopt, codeOf } from '../errors.js';
 import { sha256Hex } from '../files/hash.js';
 import { withLock } from '../files/lock.js';
 import { processIsAlive } from '../files/proc.js';
@@ -68,8 +68,10 @@ export function isLive(pin: Pin): boolean {
 }
 
 /** Every change to pins is made under this lock. */
-export function withPinsLock<T>(root: string, fn: () => Promise<T>, signal?: AbortSignal): Promise<T> {
-  return withLock(path.join(root, 'locks', 'pins.lock'), fn, { what: `pins of the store ${root}`, ...(signal ? { signal } : {}) });
+export function withPinsLock<T>(root: string, fn: () => Promise<T>): Promise<T> {
+  return withLock(path.join(root, 'locks', 'pins.lock'), fn, { what: `pins of the store ${root}` }).catch((err: unknown) => {
+    throw adopt(err, LayerError);
+  });
 }
 
 async function readPinFile(file: string): Promise<Pin | undefined> {

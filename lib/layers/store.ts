@@ -198,6 +198,17 @@ export class LayerStore {
     return path.join(this.root, 'locks', `${d}.lock`);
   }
 
+  /** The build lock of layer `d` (every change to it is made under it); waits at most lockTimeoutMs. */
+  private lockLayer(d: string, what: string, signal?: AbortSignal): Promise<FileLock> {
+    return acquireLock(this.lockFile(d), {
+      what,
+      ...(this.lockTimeoutMs !== undefined ? { timeoutMs: this.lockTimeoutMs } : {}),
+      ...(signal ? { signal } : {}),
+    }).catch((err: unknown) => {
+      throw adopt(err, LayerError);
+    });
+  }
+
   /** Add a .tar.zst / .tar.gz / .tar archive; its digest is the sha256 of the archive file. */
   async addArchive(archive: string, opts: AddOptions = {}): Promise<Layer> {
     const abs = path.resolve(archive);
@@ -247,11 +258,7 @@ export class LayerStore {
 
     // Build exactly once across processes: whoever gets the lock builds; the
     // others wait, then find the finished layer and reuse it.
-    const lock = await acquireLock(this.lockFile(digest), {
-      what: `layer ${digest} (${source})`,
-      ...(this.lockTimeoutMs !== undefined ? { timeoutMs: this.lockTimeoutMs } : {}),
-      ...(opts.signal ? { signal: opts.signal } : {}),
-    });
+    const lock = await this.lockLayer(digest, `layer ${digest} (${source})`, opts.signal);
     try {
       const built = await this.get(digest);
       if (built) {
@@ -330,9 +337,7 @@ export class LayerStore {
     // other), held until the pin is written: gc cannot remove them meanwhile.
     const locks: FileLock[] = [];
     try {
-      for (const d of names) {
-        locks.push(await acquireLock(this.lockFile(d), { what: `pin ${owner}: layer ${d}`, ...(this.lockTimeoutMs !== undefined ? { timeoutMs: this.lockTimeoutMs } : {}) }));
-      }
+      for (const d of names) locks.push(await this.lockLayer(d, `pin ${owner}: layer ${d}`));
       for (const d of names) if (!(await this.get(d))) throw new LayerError(`pin ${JSON.stringify(owner)}: layer ${d} is not in the store ${this.root}`);
       return await this.addToPin(owner, names, opts);
     } finally {
@@ -427,7 +432,7 @@ export class LayerStore {
    */
   async remove(digest: string): Promise<boolean> {
     const d = normalizeDigest(digest);
-    const lock = await acquireLock(this.lockFile(d), { what: `remove layer ${d}` });
+    const lock = await this.lockLayer(d, `remove layer ${d}`);
     try {
       const users = (await this.pins()).filter((p) => p.digests.includes(d)).map((p) => p.label);
       if (users.length > 0) throw new LayerError(`remove layer ${d}: in use by ${users.join('; ')}; unpin it first`);
@@ -514,7 +519,7 @@ export class LayerStore {
     const cache: HashCache = new Map();
     const out: LayerCheck[] = [];
     for (const d of names) {
-      const lock = await acquireLock(this.lockFile(d), { what: `verify layer ${d}` });
+      const lock = await this.lockLayer(d, `verify layer ${d}`);
       try {
         const layer = await this.get(d);
         if (layer) out.push(await this.verifyLayer(layer, cache));
