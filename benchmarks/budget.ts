@@ -11,8 +11,10 @@ import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Sandbox } from '../lib/index.js';
-import { openStore, packDirectory } from '../lib/layers/index.js';
-import { formatMs, formatRatio, summarize } from './lib/stats.js';
+import { packDirectory } from '../lib/files/index.js';
+import { openStore } from '../lib/layers/index.js';
+import { formatBytes, formatMs, formatRatio } from '../lib/format.js';
+import { summarize } from './lib/stats.js';
 
 const log = (msg: string) => process.stderr.write(`[bench] ${msg}\n`);
 
@@ -94,7 +96,7 @@ async function main(): Promise<void> {
     const b = results['budget']!;
     process.stdout.write(
       [
-        `${n} sandboxes started at once, each on its own cold layer (${files} files; ${(bytes / n / 1024 / 1024).toFixed(1)} MiB .tar.zst each), ${cpus().length} CPUs`,
+        `${n} sandboxes started at once, each on its own cold layer (${files} files; ${formatBytes(bytes / n)} .tar.zst each), ${cpus().length} CPUs`,
         `  no budget : all done in ${formatMs(a.totalMs)} (mean of 2 rounds), median sandbox ready at ${formatMs(a.median)}`,
         `  budget    : all done in ${formatMs(b.totalMs)} (mean of 2 rounds), median sandbox ready at ${formatMs(b.median)} (at most ${maxConcurrent} unpacks at once)`,
         `  all 32 ready, without / with budget = ${formatRatio(a.totalMs / b.totalMs)}: ${b.totalMs < a.totalMs ? 'the budget finishes sooner' : 'the budget does NOT finish the whole batch sooner here'}`,

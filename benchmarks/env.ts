@@ -8,11 +8,12 @@
  * warm  createEnvSandbox(env) to the first command done, store already
  *       holding the layers, for a tiny env and a big (100+ MB) one: the
  *       cost must not depend on the env's size (target: median <= 20 ms).
- * cold  unpacking the big venv's archive once: the store's extractor vs
- *       plain GNU `tar --zstd -xf`, and extract mode's per-sandbox setup.
+ * cold  unpacking the big venv's archive once: the layer extractor vs
+ *       plain GNU `tar --zstd -xf`, and the extraction baseline's
+ *       per-sandbox setup (lib/env/extractBaseline.ts).
  * disk  bytes used by N sandboxes on M envs (overlay) against the M env
  *       archives, and against the same N sandboxes with per-instance
- *       extraction (extract mode).
+ *       extraction (the baseline).
  *
  * The big venv is made by copying top-level packages of the base Python's
  * site-packages (numpy, botocore, ...) into the venv: no network needed.
@@ -24,10 +25,13 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Sandbox } from '../lib/sandbox/index.js';
+import { shQuote } from '../lib/shell/index.js';
+import { createExtractedEnvSandbox } from '../lib/env/extractBaseline.js';
 import { buildEnv, createEnvSandbox, resolvePython, type BasePython, type Env, type EnvSandbox } from '../lib/env/index.js';
-import { extractArchive, openStore, type LayerStore } from '../lib/layers/index.js';
-import { removeTree } from '../lib/layers/fsTree.js';
-import { formatMs, formatRatio, formatTable, summarize, type Summary } from './lib/stats.js';
+import { extractArchive, removeTree } from '../lib/files/index.js';
+import { openStore, type LayerStore } from '../lib/layers/index.js';
+import { formatBytes, formatMs, formatRatio, formatTable } from '../lib/format.js';
+import { summarize, type Summary } from './lib/stats.js';
 
 interface Options {
   iterations: number;
@@ -68,7 +72,6 @@ function parseArgs(argv: string[]): Options {
 
 const log = (msg: string) => process.stderr.write(`[env bench] ${msg}\n`);
 const MB = 1024 * 1024;
-const fmtBytes = (b: number) => (b >= 1024 * MB ? `${(b / 1024 / MB).toFixed(2)} GiB` : `${(b / MB).toFixed(1)} MiB`);
 
 /** du -sb; overlay's mode-000 work/work dirs make du complain but its total stands. */
 function duBytes(paths: string[]): number {
@@ -99,13 +102,9 @@ function sitePackageDirs(python: BasePython): { dir: string; bytes: number }[] {
   return out.sort((a, b) => b.bytes - a.bytes);
 }
 
-function shellQuote(s: string): string {
-  return `'${s.replace(/'/g, `'\\''`)}'`;
-}
-
 /** A step copying these site-packages entries into the venv. */
 function copyStep(dirs: string[]): { run: string } {
-  return { run: `sp="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" && cp -a ${dirs.map(shellQuote).join(' ')} "$sp"/` };
+  return { run: `sp="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" && cp -a ${dirs.map(shQuote).join(' ')} "$sp"/` };
 }
 
 function makeRepo(dir: string, files: number, tag: string): string {
@@ -124,7 +123,7 @@ async function makeEnv(store: LayerStore, work: string, python: BasePython, name
   const commit = makeRepo(repo, repoFiles, name);
   const started = performance.now();
   const env = await buildEnv({ name, python: python.path, repo: { source: repo, commit }, steps: copy.length ? [copyStep(copy)] : [] }, { store });
-  log(`built ${name}: venv ${fmtBytes(env.venv.manifest.size)} (${env.venv.manifest.fileCount} files), archive ${fmtBytes(env.manifest.venv.archiveBytes ?? 0)}, in ${formatMs(performance.now() - started)}`);
+  log(`built ${name}: venv ${formatBytes(env.venv.manifest.size)} (${env.venv.manifest.fileCount} files), archive ${formatBytes(env.manifest.venv.archiveBytes ?? 0)}, in ${formatMs(performance.now() - started)}`);
   return env;
 }
 
@@ -214,7 +213,7 @@ async function main(): Promise<void> {
     const extractMode: number[] = [];
     for (let i = 0; i < 3; i++) {
       const t0 = performance.now();
-      const sb = await createEnvSandbox(big, { mode: 'extract', store });
+      const sb = await createExtractedEnvSandbox(big, { store });
       await sb.exec(['/bin/true']);
       extractMode.push(performance.now() - t0);
       await sb.close();
@@ -234,7 +233,8 @@ async function main(): Promise<void> {
       try {
         for (let i = 0; i < o.sandboxes; i++) {
           const t0 = performance.now();
-          const sb = await createEnvSandbox(diskEnvs[Math.floor(i / per)]!, { mode, store });
+          const env = diskEnvs[Math.floor(i / per)]!;
+          const sb = await (mode === 'extract' ? createExtractedEnvSandbox(env, { store }) : createEnvSandbox(env));
           setup.push(performance.now() - t0);
           sbs.push(sb);
           // What an agent does: edit a file, write a new one.
@@ -252,7 +252,7 @@ async function main(): Promise<void> {
     };
     log(`disk: ${o.sandboxes} overlay sandboxes on ${o.envs} envs`);
     const overlay = await measure('overlay');
-    log(`disk: ${o.sandboxes} extract-mode sandboxes`);
+    log(`disk: ${o.sandboxes} extracted sandboxes`);
     const extracted = await measure('extract');
     const storeDu = await store.du();
     results.disk = { envs: o.envs, sandboxes: o.sandboxes, archiveBytes, layerBytes: duBytes(layerDirs), overlay, extracted, storeDiskBytes: storeDu.diskBytes, storeSavedByDedup: storeDu.savedBytes };
@@ -265,22 +265,22 @@ async function main(): Promise<void> {
     const rows: string[][] = [['measure', 'median', 'p95', 'n']];
     const row = (name: string, s: Summary) => rows.push([name, formatMs(s.median), formatMs(s.p95), String(s.n)]);
     row('floor: Sandbox.create() (no env) -> /bin/true done', bare);
-    row(`warm: tiny env (${fmtBytes(w.tinyBytes)}) create -> /bin/true done`, warmTiny);
-    row(`warm: big env (${fmtBytes(w.bigBytes)}) create -> /bin/true done`, warmBig);
+    row(`warm: tiny env (${formatBytes(w.tinyBytes)}) create -> /bin/true done`, warmTiny);
+    row(`warm: big env (${formatBytes(w.bigBytes)}) create -> /bin/true done`, warmBig);
     row('warm: big env create -> python import from repo done', warmPy);
-    row(`cold: store extractor, ${fmtBytes(big.manifest.venv.archiveBytes ?? 0)} .tar.zst`, summarize(ours));
+    row(`cold: layer extractor, ${formatBytes(big.manifest.venv.archiveBytes ?? 0)} .tar.zst`, summarize(ours));
     row('cold: GNU tar --zstd -xf, same archive', summarize(gnu));
-    row('cold: createEnvSandbox(big, extract) -> /bin/true', summarize(extractMode));
+    row('cold: createExtractedEnvSandbox(big) -> /bin/true', summarize(extractMode));
     row(`disk: overlay sandbox setup (${o.envs} envs)`, overlay.setup);
     row(`disk: extract sandbox setup (${o.envs} envs)`, extracted.setup);
     process.stdout.write(`${formatTable(rows)}\n\n`);
     const ratio = (a: number, b: number) => formatRatio(a / b);
     const lines = [
       `warm big/tiny median: ${ratio(warmBig.median, warmTiny.median)}, big/no-env: ${ratio(warmBig.median, bare.median)} (env size ratio ${ratio(w.bigBytes, w.tinyBytes)}); target <= ${TARGET_WARM_MS} ms: ${warmBig.median <= TARGET_WARM_MS && warmTiny.median <= TARGET_WARM_MS ? 'met' : 'NOT met'}`,
-      `cold: store extractor / GNU tar: ${ratio(summarize(ours).median, summarize(gnu).median)}; extract-mode sandbox / warm overlay sandbox: ${ratio(summarize(extractMode).median, warmBig.median)}`,
-      `disk: ${o.envs} env archives: ${fmtBytes(archiveBytes)}; store layers: ${fmtBytes(duBytes(layerDirs))} (store total ${fmtBytes(storeDu.diskBytes)}, dedup saved ${fmtBytes(storeDu.savedBytes)})`,
-      `disk: ${o.sandboxes} overlay sandboxes: private ${fmtBytes(overlay.sandboxBytes)}, with layers + archives ${fmtBytes(overlay.totalBytes)} = ${ratio(overlay.totalBytes, archiveBytes)} the archives`,
-      `disk: ${o.sandboxes} extract sandboxes: private ${fmtBytes(extracted.sandboxBytes)}, with archives ${fmtBytes(extracted.totalBytes)} = ${ratio(extracted.totalBytes, archiveBytes)} the archives`,
+      `cold: layer extractor / GNU tar: ${ratio(summarize(ours).median, summarize(gnu).median)}; extracted sandbox / warm overlay sandbox: ${ratio(summarize(extractMode).median, warmBig.median)}`,
+      `disk: ${o.envs} env archives: ${formatBytes(archiveBytes)}; store layers: ${formatBytes(duBytes(layerDirs))} (store total ${formatBytes(storeDu.diskBytes)}, dedup saved ${formatBytes(storeDu.savedBytes)})`,
+      `disk: ${o.sandboxes} overlay sandboxes: private ${formatBytes(overlay.sandboxBytes)}, with layers + archives ${formatBytes(overlay.totalBytes)} = ${ratio(overlay.totalBytes, archiveBytes)} the archives`,
+      `disk: ${o.sandboxes} extract sandboxes: private ${formatBytes(extracted.sandboxBytes)}, with archives ${formatBytes(extracted.totalBytes)} = ${ratio(extracted.totalBytes, archiveBytes)} the archives`,
       `disk: extract / overlay: ${ratio(extracted.totalBytes, overlay.totalBytes)} (sandbox-private bytes: ${ratio(extracted.sandboxBytes, Math.max(1, overlay.sandboxBytes))})`,
     ];
     process.stdout.write(`${lines.join('\n')}\n`);

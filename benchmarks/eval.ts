@@ -22,7 +22,7 @@ import { mkdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { removeTree } from '../lib/layers/fsTree.js';
+import { removeTree } from '../lib/files/fsTree.js';
 import { openStore } from '../lib/layers/store.js';
 import * as policy from '../lib/sandbox/policy.js';
 import { createDemoTaskSet } from '../lib/swe/demo/createDemoTaskSet.js';
@@ -38,7 +38,8 @@ async function execOk(file: string, args: string[]): Promise<void> {
   const r = await exec(file, args, { timeoutMs: 300_000 });
   if (r.code !== 0) throw new Error(`${file} ${args.join(' ')} failed (${r.code}): ${r.stderr.trim()}`);
 }
-import { formatMs, formatRatio, formatTable, median } from './lib/stats.js';
+import { formatMs, formatRatio, formatTable } from '../lib/format.js';
+import { median } from './lib/stats.js';
 
 const log = (msg: string) => process.stderr.write(`[eval-bench] ${msg}\n`);
 const BASE_IMAGE = 'minisandbox-bench-swe-host';

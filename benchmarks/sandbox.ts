@@ -15,7 +15,8 @@ import { performance } from 'node:perf_hooks';
 import { Sandbox } from '../lib/index.js';
 import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
 import { exec } from './lib/proc.js';
-import { formatMs, formatRatio, formatTable, summarize, timePair, type Summary } from './lib/stats.js';
+import { formatMs, formatRatio, formatTable } from '../lib/format.js';
+import { summarize, timePair, type Summary } from './lib/stats.js';
 
 interface Options {
   iterations: number;
@@ -168,7 +169,7 @@ async function main(): Promise<void> {
       ? `docker exec: ${docker}`
       : `docker exec median / exec median = ${formatRatio(docker.median / execTrue.median)} (target >= 20): ${verdict(docker.median / execTrue.median >= 20)}`,
     `session.run('true') median ${formatMs(sessionTrue.median)} (target <= 2 ms): ${verdict(sessionTrue.median <= 2)}`,
-    `${o.concurrent} concurrent creates: ${ok.length} ok, ${failed.length} failed${failed.length ? ` (${failed[0]})` : ''}, ${(totalMs / 1000).toFixed(2)} s total, ${((ok.length / totalMs) * 1000).toFixed(0)} sandboxes/s, all answered: ${answers.every(Boolean)}`,
+    `${o.concurrent} concurrent creates: ${ok.length} ok, ${failed.length} failed${failed.length ? ` (${failed[0]})` : ''}, ${formatMs(totalMs)} total, ${((ok.length / totalMs) * 1000).toFixed(0)} sandboxes/s, all answered: ${answers.every(Boolean)}`,
     `memory per idle sandbox: ${(memPerSandbox / 1024 / 1024).toFixed(2)} MB by MemAvailable, ${(pssPerInit / 1024 / 1024).toFixed(2)} MB PSS of its PID 1 (target < 4 MB): ${verdict(memPerSandbox < 4 * 1024 * 1024)}`,
   ];
   process.stdout.write(lines.join('\n') + '\n');

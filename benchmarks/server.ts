@@ -17,7 +17,8 @@ import { startServer } from '../lib/server/index.js';
 import type { ShellSession } from '../lib/shell/index.js';
 import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
 import { exec } from './lib/proc.js';
-import { formatMs, formatRatio, formatTable, summarize, type Summary } from './lib/stats.js';
+import { formatMs, formatRatio, formatTable } from '../lib/format.js';
+import { summarize, type Summary } from './lib/stats.js';
 
 interface Options {
   iterations: number;

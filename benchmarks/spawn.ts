@@ -15,7 +15,8 @@ import { performance } from 'node:perf_hooks';
 import { policy, run } from '../lib/index.js';
 import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
 import { aptInstall, lastLines, which } from './lib/proc.js';
-import { formatMs, formatRatio, formatTable, summarize, timePair, type Summary } from './lib/stats.js';
+import { formatMs, formatRatio, formatTable } from '../lib/format.js';
+import { summarize, timePair, type Summary } from './lib/stats.js';
 
 const TRUE = '/usr/bin/true';
 const IMAGE = HOST_IMAGE;

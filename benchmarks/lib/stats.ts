@@ -1,6 +1,7 @@
 /**
- * Small statistics and formatting helpers shared by the benchmarks.
- * Latencies are in milliseconds throughout.
+ * Small statistics helpers shared by the benchmarks (their numbers are
+ * shown with lib/format.ts, as the CLI's are). Latencies are in
+ * milliseconds throughout.
  */
 
 export interface Summary {
@@ -43,28 +44,6 @@ export function summarize(samples: readonly number[]): Summary {
     min: sorted[0] ?? NaN,
     max: sorted[sorted.length - 1] ?? NaN,
   };
-}
-
-/** "1.23 ms" below a second, "1.23 s" above: readable across 1 ms .. 1 s spreads. */
-export function formatMs(ms: number): string {
-  if (!Number.isFinite(ms)) return '-';
-  return ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${ms.toFixed(2)} ms`;
-}
-
-export function formatRatio(r: number): string {
-  return Number.isFinite(r) ? `${r.toFixed(2)}x` : '-';
-}
-
-/** A plain text table: first row is the header, columns padded to fit. */
-export function formatTable(rows: readonly (readonly string[])[]): string {
-  const widths: number[] = [];
-  for (const row of rows) row.forEach((cell, i) => (widths[i] = Math.max(widths[i] ?? 0, cell.length)));
-  const line = (row: readonly string[]) =>
-    row.map((cell, i) => (i === 0 ? cell.padEnd(widths[i]!) : cell.padStart(widths[i]!))).join('  ');
-  const [header, ...body] = rows;
-  if (!header) return '';
-  const rule = widths.map((w) => '-'.repeat(w)).join('  ');
-  return [line(header), rule, ...body.map(line)].join('\n');
 }
 
 /**

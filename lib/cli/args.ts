@@ -2,8 +2,11 @@
  * A small argv reader for bwrap-style options, some of which take two or
  * more values (`--ro-bind SRC DST`): node:util's parseArgs cannot say that.
  */
-export class UsageError extends Error {
-  override name = 'UsageError';
+import { MinisandboxError } from '../errors.js';
+
+/** A command line the command cannot run: the message says which argument and why. */
+export class UsageError extends MinisandboxError {
+  static override readonly code = 'MSBX_USAGE';
 }
 
 export class ArgReader {

@@ -9,15 +9,19 @@
  * `repoPath`, the very paths every later sandbox mounts them at, so shebangs,
  * `.pth` files and `pyvenv.cfg` are right without any relocation.
  */
-import { createHash, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { packRepoLayer, scanForPrefix, type Layer, type LayerStore } from '../layers/index.js';
-import { removeTree } from '../layers/fsTree.js';
+import { removeTree } from '../files/fsTree.js';
+import { sha256Hex } from '../files/hash.js';
+import { scanForPrefix, type Layer, type LayerStore, type PinOptions, type PinRequest } from '../layers/index.js';
+import { pinRequest } from '../layers/pins.js';
 import { Sandbox, type BindMount } from '../sandbox/index.js';
+import { shQuote } from '../shell/text.js';
 import { EnvError } from './errors.js';
+import { packRepoLayer } from './gitRepo.js';
 import { basePythonMounts, venvVariables } from './layout.js';
-import { envFromManifest, envIdOf, envsDir, saveEnvManifest, type Env, type EnvManifest } from './manifest.js';
+import { envFromManifest, envIdOf, envPinLabel, envPinOwner, envsDir, saveEnvManifest, type Env, type EnvManifest } from './manifest.js';
 import { packAsLayer, type PackedLayer } from './pack.js';
 import { resolvePython } from './python.js';
 import { DEFAULT_REPO_PATH, checkEnvPath, checkRecipe, type EnvRecipe, type EnvStep } from './recipe.js';
@@ -26,7 +30,7 @@ export interface BuildEnvOptions {
   store: LayerStore;
   /** Scratch space for the build (default <store>/envs/build); a fresh subdirectory is used and removed. */
   workRoot?: string;
-  /** Keep the .tar.zst archives in <store>/envs/archives (default true; extract mode needs them). */
+  /** Keep the .tar.zst archives in <store>/envs/archives (default true): the shippable form of the env's layers. */
   keepArchives?: boolean;
   /** Output of every build command, as it is produced. */
   onOutput?: (step: string, text: string) => void;
@@ -46,10 +50,6 @@ export interface BuildEnvOptions {
 const INPUTS = '/msbx-build';
 const PIP = ['-m', 'pip', 'install', '--no-index', '--no-build-isolation', '--no-deps', '--disable-pip-version-check', '--no-input'];
 
-function shellQuote(s: string): string {
-  return `'${s.replace(/'/g, `'\\''`)}'`;
-}
-
 function describeStep(step: EnvStep): string {
   if ('package' in step) return `package ${step.package}`;
   if ('editable' in step) return `editable ${step.editable}`;
@@ -65,7 +65,7 @@ function stepCommand(step: EnvStep, i: number, venvPath: string, repoPath: strin
     // there), and the input is read-only: install from a private copy.
     const input = `${INPUTS}/${i}`;
     const copy = `/tmp/src/${i}-${path.basename(step.package)}`;
-    const script = `mkdir -p /tmp/src && cp -a ${shellQuote(input)} ${shellQuote(copy)} && exec ${shellQuote(py)} ${PIP.join(' ')} ${shellQuote(copy)}`;
+    const script = `mkdir -p /tmp/src && cp -a ${shQuote(input)} ${shQuote(copy)} && exec ${shQuote(py)} ${PIP.join(' ')} ${shQuote(copy)}`;
     return { argv: ['/bin/sh', '-c', script], mount: { type: 'bind', source: step.package, target: input, readOnly: true } };
   }
   if ('editable' in step) {
@@ -76,7 +76,7 @@ function stepCommand(step: EnvStep, i: number, venvPath: string, repoPath: strin
     const input = `${INPUTS}/${i}`;
     const mount: BindMount = { type: 'bind', source: step.wheels, target: input, readOnly: true };
     if (step.packages) return { argv: [py, ...PIP, '--find-links', input, ...step.packages], mount };
-    const script = `set -- ${shellQuote(input)}/*.whl; [ -e "$1" ] || { echo "no *.whl files in ${step.wheels}" >&2; exit 1; }; exec ${shellQuote(py)} ${PIP.join(' ')} "$@"`;
+    const script = `set -- ${shQuote(input)}/*.whl; [ -e "$1" ] || { echo "no *.whl files in ${step.wheels}" >&2; exit 1; }; exec ${shQuote(py)} ${PIP.join(' ')} "$@"`;
     return { argv: ['/bin/sh', '-c', script], mount };
   }
   // bash, not sh: install commands (SWE-bench's among them) are written for it.
@@ -100,6 +100,9 @@ export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promis
   const signal = opts.signal ? { signal: opts.signal } : {};
   await fsp.mkdir(workRoot, { recursive: true });
   const work = await fsp.mkdtemp(path.join(workRoot, `${randomBytes(3).toString('hex')}-`));
+  // The env's id comes from its layers' digests: until it is known, the
+  // layers are pinned for this build, as long as this process lives.
+  const building = `${label} build ${path.basename(work)}`;
   try {
     const venvDir = path.join(work, 'venv');
     const repoDir = path.join(work, 'repo');
@@ -148,10 +151,11 @@ export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promis
     // Editable installs write repoPath into the venv; recorded so a moved repo can be followed.
     const repoPrefixFiles = r.repoPath ? await scanForPrefix(venvDir, r.repoPath) : [];
     const keep = opts.keepArchives ?? true;
-    const venv = await packAsLayer(venvDir, opts.store, { name: `${label} venv ${r.venvPath}`, prefix: r.venvPath, keepArchive: keep, ...signal });
+    const buildPin = { owner: building, label: `${label} (being built by process ${process.pid})`, whileAlive: true };
+    const venv = await packAsLayer(venvDir, opts.store, { name: `${label} venv ${r.venvPath}`, prefix: r.venvPath, keepArchive: keep, pin: buildPin, ...signal });
     const repo =
       r.repo && opts.keepRepo !== false
-        ? await packAsLayer(repoDir, opts.store, { name: `${label} repo ${r.repo.source}@${commit}`, prefix: r.repoPath!, keepArchive: keep, ...signal })
+        ? await packAsLayer(repoDir, opts.store, { name: `${label} repo ${r.repo.source}@${commit}`, prefix: r.repoPath!, keepArchive: keep, pin: building, ...signal })
         : undefined;
     const record = (p: PackedLayer) => ({ digest: p.layer.digest, ...withArchive({ ...p, archive: p.archive && path.relative(envsDir(opts.store.root), p.archive) }) });
     const body: Omit<EnvManifest, 'id' | 'created' | 'version' | 'name' | 'steps'> = {
@@ -170,9 +174,13 @@ export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promis
       steps: r.steps,
       ...(r.systemSitePackages ? { systemSitePackages: true } : {}),
     };
+    // Pinned before it is recorded: a crash in between leaves a pin that
+    // removeEnv(id) drops, never a recorded env whose layers gc may take.
+    await opts.store.pin(envPinOwner(manifest.id), [venv.layer.digest, ...(repo ? [repo.layer.digest] : [])], { label: envPinLabel(manifest) });
     await saveEnvManifest(opts.store.root, manifest);
     return envFromManifest(manifest, opts.store);
   } finally {
+    await opts.store.unpin(building).catch(() => undefined);
     await removeTree(work).catch(() => undefined);
   }
 }
@@ -184,7 +192,7 @@ export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promis
  */
 async function writePipCommands(venvDir: string, venvPath: string): Promise<void> {
   for (const name of ['pip', 'pip3']) {
-    await fsp.writeFile(path.join(venvDir, 'bin', name), `#!/bin/sh\nexec ${shellQuote(`${venvPath}/bin/python`)} -m pip "$@"\n`, { mode: 0o755 });
+    await fsp.writeFile(path.join(venvDir, 'bin', name), `#!/bin/sh\nexec ${shQuote(`${venvPath}/bin/python`)} -m pip "$@"\n`, { mode: 0o755 });
   }
 }
 
@@ -193,8 +201,10 @@ export interface BuildRepoOptions {
   /** Path the repo will have in sandboxes, recorded as the layer's prefix (default /testbed). */
   repoPath?: string;
   workRoot?: string;
-  /** Keep the .tar.zst archive (default true; extract mode needs it). false adds the checkout as a directory, with no archive made. */
+  /** Keep the .tar.zst archive (default true). false adds the checkout as a directory, with no archive made. */
   keepArchive?: boolean;
+  /** Add the layer, built or reused, to this pin (see LayerStore.pin): what keeps it from gc. */
+  pin?: PinRequest;
   signal?: AbortSignal;
 }
 
@@ -212,8 +222,18 @@ function withArchive(p: { archive?: string | undefined; archiveBytes?: number | 
 
 /** Where buildRepo remembers which layer a (source, full commit sha, repoPath) became. */
 function repoCacheFile(storeRoot: string, source: string, commit: string, repoPath: string): string {
-  const key = createHash('sha256').update(JSON.stringify([source, commit.toLowerCase(), repoPath])).digest('hex');
-  return path.join(envsDir(storeRoot), 'repos', `${key}.json`);
+  return path.join(envsDir(storeRoot), 'repos', `${sha256Hex(JSON.stringify([source, commit.toLowerCase(), repoPath]))}.json`);
+}
+
+/** Pins a layer buildRepo remembered; false if a gc took it meanwhile (pin() refuses a missing layer): then it is built again. */
+async function pinFound(store: LayerStore, pin: { owner: string } & PinOptions, digest: string): Promise<boolean> {
+  try {
+    await store.pin(pin.owner, [digest], pin);
+    return true;
+  } catch (err) {
+    if (await store.get(digest)) throw err;
+    return false;
+  }
 }
 
 /**
@@ -228,14 +248,14 @@ export async function buildRepo(repo: string, commit: string, opts: BuildRepoOpt
   const source = isUrl ? repo : path.resolve(repo);
   const cacheable = /^[0-9a-f]{40}$/i.test(commit);
   const cacheFile = repoCacheFile(opts.store.root, source, commit, repoPath);
+  const pin = opts.pin === undefined ? undefined : pinRequest(opts.pin);
   if (cacheable) {
-    try {
-      const cached = JSON.parse(await fsp.readFile(cacheFile, 'utf8')) as Omit<RepoLayer, 'layer'> & { digest: string };
-      const layer = await opts.store.get(cached.digest);
-      if (layer) return { layer, commit: cached.commit, ...withArchive(cached) };
-    } catch {
-      // not built yet, or unreadable: build it
-    }
+    const cached = await fsp
+      .readFile(cacheFile, 'utf8')
+      .then((text) => JSON.parse(text) as Omit<RepoLayer, 'layer'> & { digest: string })
+      .catch(() => undefined); // not built yet, or unreadable: build it
+    const layer = cached && typeof cached.digest === 'string' ? await opts.store.get(cached.digest).catch(() => undefined) : undefined;
+    if (layer && (!pin || (await pinFound(opts.store, pin, layer.digest)))) return { layer, commit: cached!.commit, ...withArchive(cached!) };
   }
   const workRoot = path.resolve(opts.workRoot ?? path.join(envsDir(opts.store.root), 'build'));
   await fsp.mkdir(workRoot, { recursive: true });
@@ -246,6 +266,7 @@ export async function buildRepo(repo: string, commit: string, opts: BuildRepoOpt
       name: `repo ${source}@${info.commit}`,
       prefix: repoPath,
       keepArchive: opts.keepArchive ?? true,
+      ...(pin ? { pin } : {}),
       ...(opts.signal ? { signal: opts.signal } : {}),
     });
     const result: RepoLayer = { layer: packed.layer, commit: info.commit, ...withArchive(packed) };

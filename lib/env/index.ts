@@ -9,7 +9,7 @@ export { checkRecipe, checkEnvPath, DEFAULT_VENV_PATH, DEFAULT_REPO_PATH, type E
 export {
   loadEnv,
   listEnvs,
-  envLayerDigests,
+  removeEnv,
   envsDir,
   archiveFileFor,
   type Env,
@@ -18,6 +18,7 @@ export {
 } from './manifest.js';
 export { buildEnv, buildRepo, type BuildEnvOptions, type BuildRepoOptions, type RepoLayer } from './buildEnv.js';
 export { packAsLayer, type PackedLayer } from './pack.js';
+export { packRepoLayer, type PackRepoOptions, type RepoLayerInfo } from './gitRepo.js';
 export { basePythonMounts, venvVariables } from './layout.js';
 export {
   createEnvSandbox,

@@ -5,13 +5,14 @@
  *
  *   envs/<id>.json                    the manifest
  *   envs/archives/<digest>.tar.zst    the layer's archive (the shippable form,
- *                                     and the source of extract mode)
+ *                                     and the extraction baseline's source)
  *   envs/build/<random>/              builds in progress (removed after)
  */
-import { createHash } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import type { Layer, LayerStore, PrefixFile } from '../layers/index.js';
+import { codeOf } from '../errors.js';
+import { sha256Hex } from '../files/hash.js';
 import { EnvError } from './errors.js';
 import type { BasePython } from './python.js';
 import type { EnvStep } from './recipe.js';
@@ -72,7 +73,7 @@ export function archiveFileFor(storeRoot: string, digest: string): string {
 /** Content-derived: the same layers at the same paths on the same interpreter are the same env. */
 export function envIdOf(m: Omit<EnvManifest, 'id' | 'created' | 'version' | 'name' | 'steps'>): string {
   const key = JSON.stringify([m.venv.digest, m.repo?.digest ?? null, m.venvPath, m.repoPath ?? null, m.python.path, m.python.version]);
-  return `env-${createHash('sha256').update(key).digest('hex').slice(0, 24)}`;
+  return `env-${sha256Hex(key).slice(0, 24)}`;
 }
 
 export async function saveEnvManifest(storeRoot: string, manifest: EnvManifest): Promise<string> {
@@ -144,8 +145,32 @@ export async function listEnvs(opts: { store: LayerStore }): Promise<Env[]> {
   return out;
 }
 
-/** Layer digests the recorded envs need: pass them to store.gc({ inUse }). */
-export async function envLayerDigests(opts: { store: LayerStore }): Promise<string[]> {
-  const envs = await listEnvs(opts);
-  return envs.flatMap((e) => [e.venv.digest, ...(e.repo ? [e.repo.digest] : [])]);
+/** The owner of an env's pin in the store: what keeps its layers from gc. */
+export function envPinOwner(id: string): string {
+  return `env ${id}`;
+}
+
+export function envPinLabel(m: Pick<EnvManifest, 'id' | 'name'>): string {
+  return `env ${m.id}${m.name ? ` (${m.name})` : ''}`;
+}
+
+/**
+ * Forgets the env `id`: its record goes, and its pin, so that its layers
+ * go at the store's next gc unless something else uses them (another env,
+ * prepared tasks). Sandboxes running on it keep their mounts. Throws if the
+ * store has no such env (nor a pin of one whose build was cut short).
+ */
+export async function removeEnv(id: string, opts: { store: LayerStore }): Promise<void> {
+  if (!ENV_ID.test(id)) throw new EnvError(`env ${JSON.stringify(id)}: not an env id (env-<24 hex>)`);
+  const file = path.join(envsDir(opts.store.root), `${id}.json`);
+  // The record first: nothing may find the env once its layers can go.
+  const recorded = await fsp.rm(file).then(
+    () => true,
+    (err: unknown) => {
+      if (codeOf(err) === 'ENOENT') return false;
+      throw new EnvError(`env ${id}: cannot remove ${file}: ${(err as Error).message}`, { cause: err });
+    },
+  );
+  const pinned = await opts.store.unpin(envPinOwner(id));
+  if (!recorded && !pinned) throw new EnvError(`env ${id}: no such env in the store ${opts.store.root}`);
 }

@@ -3,7 +3,8 @@
  * (reproducible: sorted, numeric owner 0, mtimes kept), add the archive to the
  * store (its digest is the archive's sha256, so the same tree packed twice is
  * one layer), and keep the archive as envs/archives/<digest>.tar.zst: it is
- * what would be shipped to another machine, and what extract mode unpacks.
+ * what would be shipped to another machine (and what the extraction baseline
+ * unpacks).
  *
  * Without an archive to keep, packing and unpacking again would only cost
  * time (zstd, then tar), so the directory is added as it is.
@@ -11,7 +12,8 @@
 import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { packDirectory, type Layer, type LayerStore } from '../layers/index.js';
+import { packDirectory } from '../files/extract.js';
+import type { Layer, LayerStore, PinRequest } from '../layers/index.js';
 import { archiveFileFor, envsDir } from './manifest.js';
 
 export interface PackedLayer {
@@ -25,9 +27,14 @@ export interface PackedLayer {
 export async function packAsLayer(
   dir: string,
   store: LayerStore,
-  opts: { name: string; prefix?: string; keepArchive?: boolean; signal?: AbortSignal },
+  opts: { name: string; prefix?: string; keepArchive?: boolean; pin?: PinRequest; signal?: AbortSignal },
 ): Promise<PackedLayer> {
-  const add = { name: opts.name, ...(opts.prefix ? { prefix: opts.prefix } : {}), ...(opts.signal ? { signal: opts.signal } : {}) };
+  const add = {
+    name: opts.name,
+    ...(opts.prefix ? { prefix: opts.prefix } : {}),
+    ...(opts.pin !== undefined ? { pin: opts.pin } : {}),
+    ...(opts.signal ? { signal: opts.signal } : {}),
+  };
   if (opts.keepArchive === false) return { layer: await store.addDirectory(dir, add) };
   const archivesDir = path.join(envsDir(store.root), 'archives');
   await fsp.mkdir(archivesDir, { recursive: true });

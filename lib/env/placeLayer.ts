@@ -8,14 +8,16 @@
  *   path (from the manifest) are copied into a pre-made upper and rewritten
  *   there, so the merged view works at the new path while the store stays
  *   untouched;
- * - extract: the layer's archive, checked against the layer's digest, unpacked
- *   into a private tree (under the store's I/O budget), rewritten in place if
- *   relocated, and bound read-write: the per-instance extraction baseline.
+ * - extract (the per-instance extraction baseline, extractBaseline.ts): the
+ *   layer's archive, checked against the layer's digest, unpacked into a
+ *   private tree (under the store's I/O budget), rewritten in place if
+ *   relocated, and bound read-write.
  */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { extractArchive, relocateTree, type IoBudget, type Layer, type PrefixFile } from '../layers/index.js';
-import { run } from '../layers/proc.js';
+import { extractArchive } from '../files/extract.js';
+import { run } from '../files/proc.js';
+import { relocateTree, type IoBudget, type Layer, type PrefixFile } from '../layers/index.js';
 import type { Mount } from '../sandbox/index.js';
 import { EnvError } from './errors.js';
 
@@ -83,9 +85,8 @@ export async function placeExtracted(
   rewrites: Rewrite[],
   dest: string,
   budget: IoBudget | undefined,
-): Promise<Placement & { extractMs: number }> {
+): Promise<Placement> {
   await fsp.mkdir(dest, { recursive: true });
-  const started = performance.now();
   const bytes = archive ? (await fsp.stat(archive)).size : layer.manifest.size;
   const ticket = await budget?.acquire(bytes, { label: `extract ${layer.digest.slice(0, 12)}` });
   try {
@@ -103,8 +104,7 @@ export async function placeExtracted(
   } finally {
     await ticket?.release();
   }
-  const extractMs = performance.now() - started;
   const rewritten: string[] = [];
   for (const r of neededRewrites(rewrites)) rewritten.push(...(await relocateTree(dest, r)).rewritten);
-  return { mount: { type: 'bind', source: dest, target }, rewritten, extractMs };
+  return { mount: { type: 'bind', source: dest, target }, rewritten };
 }

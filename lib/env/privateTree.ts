@@ -7,7 +7,7 @@
  * garbage collection removes it if this process dies before close().
  */
 import { randomBytes } from 'node:crypto';
-import { removeTree } from '../layers/fsTree.js';
+import { removeTree } from '../files/fsTree.js';
 import { createPrivateDir, defaultStateDir, ensureStateDir } from '../sandbox/state.js';
 
 export interface PrivateTree {

@@ -4,10 +4,11 @@
  * the venv activated (PATH, VIRTUAL_ENV), starting in the repo.
  *
  * Writes, deletions and renames in one sandbox land in that sandbox's own
- * upper (or extracted copy), never in the store or another sandbox.
+ * upper (or, for the extraction baseline, its extracted copy), never in the
+ * store or another sandbox.
  */
 import path from 'node:path';
-import { IoBudget, type Layer, type LayerStore } from '../layers/index.js';
+import type { IoBudget, Layer } from '../layers/index.js';
 import {
   Sandbox,
   type Command,
@@ -26,28 +27,20 @@ import { placeExtracted, placeOverlay, type Placement, type Rewrite } from './pl
 import { createPrivateTree, type PrivateTree } from './privateTree.js';
 import { checkEnvPath } from './recipe.js';
 
-
 export interface EnvSandboxOptions extends SandboxCreateOptions {
-  /** 'overlay' (default): mount the store's layers; 'extract': unpack private copies (the baseline). */
-  mode?: 'overlay' | 'extract';
   /** Mount the venv here instead of where it was built (relocation). */
   venvPath?: string;
   /** Mount the repo here instead of where it was built (relocation). */
   repoPath?: string;
-  /** The env's store: its I/O budget bounds extract-mode unpacking (default: the budget in <storeRoot>/budget). */
-  store?: LayerStore;
   /**
-   * A repo layer to mount instead of the env's own (overlay mode): another
-   * commit of the same repository (buildRepo), so one env serves many.
-   * Mounted at repoPath, else the env's repoPath.
+   * A repo layer to mount instead of the env's own: another commit of the
+   * same repository (buildRepo), so one env serves many. Mounted at
+   * repoPath, else the env's repoPath.
    */
   repo?: Layer;
 }
 
 export interface EnvSandboxSetup {
-  mode: 'overlay' | 'extract';
-  /** Milliseconds spent unpacking archives (extract mode). */
-  extractMs: number;
   /** Files rewritten for relocation, per layer. */
   rewritten: { venv: string[]; repo: string[] };
   /** Total time of createEnvSandbox, ms. */
@@ -79,7 +72,7 @@ export class EnvSandbox implements AsyncDisposable {
     return this.sandbox.spawn(cmd, opts);
   }
 
-  /** Closes the sandbox, then removes the extracted or relocated private trees. */
+  /** Closes the sandbox, then removes its private trees (relocated files, extracted copies). */
   async close(): Promise<void> {
     await this.sandbox.close();
     await this.scratch?.remove();
@@ -91,21 +84,29 @@ export class EnvSandbox implements AsyncDisposable {
 }
 
 /**
- * Starts a sandbox on `env`. In overlay mode (default) setup is a few mounts,
- * whatever the env's size; moving the venv or the repo to another path
- * rewrites only the files the manifest lists, in a private upper layer. In
- * extract mode every layer is unpacked into a private tree first.
+ * Starts a sandbox on `env`: its layers overlay-mounted from the store, so
+ * setup is a few mounts whatever the env's size. Moving the venv or the
+ * repo to another path rewrites only the files the manifests list, in a
+ * private upper layer.
  */
-export async function createEnvSandbox(env: Env, opts: EnvSandboxOptions = {}): Promise<EnvSandbox> {
+export function createEnvSandbox(env: Env, opts: EnvSandboxOptions = {}): Promise<EnvSandbox> {
+  return startEnvSandbox(env, opts, undefined);
+}
+
+/**
+ * createEnvSandbox, or with `extract` the per-instance extraction baseline
+ * (extractBaseline.ts): every layer's archive unpacked into a private tree
+ * under that I/O budget.
+ */
+export async function startEnvSandbox(env: Env, opts: EnvSandboxOptions, extract: { budget: IoBudget } | undefined): Promise<EnvSandbox> {
   const started = performance.now();
   // Store layers are read-only (files 0444, dirs 0555) so that no host
   // process can alter a shared, hard-linked inode; without these, root in the
   // sandbox (holding no capabilities by default) could not edit the repo it
   // was given. Every process of an env sandbox, shells included, gets them
   // unless the caller names its own.
-  const { mode = 'overlay', venvPath: venvOpt, repoPath: repoOpt, store, repo: repoOverride, capabilities = FILE_CAPABILITIES, ...sandboxOpts } = opts;
-  if (mode !== 'overlay' && mode !== 'extract') throw new EnvError(`env ${env.id}: mode ${JSON.stringify(mode)} must be 'overlay' or 'extract'`);
-  if (repoOverride && mode !== 'overlay') throw new EnvError(`env ${env.id}: a repo layer of its own needs mode 'overlay' (extract mode unpacks the env's archives)`);
+  const { venvPath: venvOpt, repoPath: repoOpt, repo: repoOverride, capabilities = FILE_CAPABILITIES, ...sandboxOpts } = opts;
+  if (repoOverride && extract) throw new EnvError(`env ${env.id}: a repo layer of its own cannot be extracted (the baseline unpacks the env's archives)`);
   const repo = repoOverride ?? env.repo;
   // Where the repo was built: the env's path for its own layer, the layer's recorded prefix for another.
   const repoBuiltAt = repoOverride ? (repoOverride.manifest.prefix ?? env.repoPath) : env.repoPath;
@@ -126,20 +127,12 @@ export async function createEnvSandbox(env: Env, opts: EnvSandboxOptions = {}): 
   };
   try {
     const placed: { venv?: Placement; repo?: Placement } = {};
-    let extractMs = 0;
-    if (mode === 'overlay') {
+    if (!extract) {
       placed.venv = await placeOverlay(env.venv, venvPath, venvRewrites, () => scratchDir('venv'));
       if (repo && repoPath) placed.repo = await placeOverlay(repo, repoPath, repoRewrites, () => scratchDir('repo'));
     } else {
-      const budget = store?.budget ?? new IoBudget({ dir: path.join(env.storeRoot, 'budget') });
-      const v = await placeExtracted(env.venv, env.archives.venv, venvPath, venvRewrites, await scratchDir('venv'), budget);
-      placed.venv = v;
-      extractMs += v.extractMs;
-      if (env.repo && repoPath) {
-        const r = await placeExtracted(env.repo, env.archives.repo, repoPath, repoRewrites, await scratchDir('repo'), budget);
-        placed.repo = r;
-        extractMs += r.extractMs;
-      }
+      placed.venv = await placeExtracted(env.venv, env.archives.venv, venvPath, venvRewrites, await scratchDir('venv'), extract.budget);
+      if (env.repo && repoPath) placed.repo = await placeExtracted(env.repo, env.archives.repo, repoPath, repoRewrites, await scratchDir('repo'), extract.budget);
     }
     const layers = [placed.repo, placed.venv].filter((p): p is Placement => p !== undefined);
     const mounts: Mount[] = [
@@ -157,8 +150,6 @@ export async function createEnvSandbox(env: Env, opts: EnvSandboxOptions = {}): 
       ...(sandboxOpts.cwd ?? repoPath ? { cwd: sandboxOpts.cwd ?? repoPath } : {}),
     });
     const setup: EnvSandboxSetup = {
-      mode,
-      extractMs,
       rewritten: { venv: placed.venv?.rewritten ?? [], repo: placed.repo?.rewritten ?? [] },
       totalMs: performance.now() - started,
     };
@@ -166,6 +157,6 @@ export async function createEnvSandbox(env: Env, opts: EnvSandboxOptions = {}): 
   } catch (err) {
     await (scratch as PrivateTree | undefined)?.remove().catch(() => undefined);
     if (err instanceof EnvError) throw err;
-    throw new EnvError(`env ${env.id}: cannot start a sandbox (${mode}): ${(err as Error).message}`, { cause: err });
+    throw new EnvError(`env ${env.id}: cannot start a sandbox${extract ? ' (extracted)' : ''}: ${(err as Error).message}`, { cause: err });
   }
 }

@@ -2,9 +2,11 @@ import { EventEmitter } from 'node:events';
 import { promises as fsp, watch, type FSWatcher } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { LayerError, errnoCode } from './errors.js';
-import { withLock } from './lock.js';
-import { processIsAlive, selfStartTime } from './proc.js';
+import { codeOf } from '../errors.js';
+import { createLimiter, type Limiter } from '../files/limit.js';
+import { withLock } from '../files/lock.js';
+import { processIsAlive, selfStartTime } from '../files/proc.js';
+import { LayerError } from './errors.js';
 
 /**
  * Machine-wide I/O budget for unpacking. It is a weighted semaphore on archive
@@ -74,36 +76,26 @@ export interface IoBudgetEvents {
 let counter = 0;
 
 /**
- * Waiters of one process queue here first, per budget directory, so that
- * only the head of the local queue polls the machine-wide state. Without it
- * every waiter wakes on every slot change and takes the cross-process lock
- * (a flock helper each time): a thundering herd that costs more than the
- * unpacking it schedules. Admission is FIFO either way.
+ * Waiters of one process queue here first, one at a time per budget
+ * directory, so that only the head of the local queue polls the
+ * machine-wide state. Without it every waiter wakes on every slot change and
+ * takes the cross-process lock (a flock helper each time): a thundering herd
+ * that costs more than the unpacking it schedules. Admission is FIFO either
+ * way.
  */
-const localQueues = new Map<string, Promise<void>>();
+const localQueues = new Map<string, Limiter>();
 
 async function inLocalQueue<T>(dir: string, signal: AbortSignal | undefined, fn: () => Promise<T>): Promise<T> {
-  const before = localQueues.get(dir) ?? Promise.resolve();
-  let done!: () => void;
-  const mine = new Promise<void>((r) => (done = r));
-  const tail = before.then(() => mine);
-  localQueues.set(dir, tail);
+  let queue = localQueues.get(dir);
+  if (!queue) localQueues.set(dir, (queue = createLimiter(1)));
   try {
+    return await queue(fn, signal);
+  } catch (err) {
     // An abort while queued is honoured at once; the queue order still holds.
-    const aborted = signal
-      ? new Promise<never>((_, reject) => {
-          const onAbort = () => reject(new LayerError(`io budget ${dir}: waiting aborted`));
-          if (signal.aborted) onAbort();
-          else signal.addEventListener('abort', onAbort, { once: true });
-          void before.finally(() => signal.removeEventListener('abort', onAbort));
-        })
-      : null;
-    aborted?.catch(() => {});
-    await (aborted ? Promise.race([before, aborted]) : before);
-    return await fn();
+    if (signal?.aborted && err === signal.reason) throw new LayerError(`io budget ${dir}: waiting aborted`, { cause: err });
+    throw err;
   } finally {
-    done();
-    if (localQueues.get(dir) === tail) localQueues.delete(dir);
+    if (queue.size === 0) localQueues.delete(dir);
   }
 }
 
@@ -242,7 +234,7 @@ export class IoBudget extends EventEmitter<IoBudgetEvents> {
       try {
         bytes = Number((JSON.parse(await fsp.readFile(full, 'utf8')) as { bytes: number }).bytes) || 0;
       } catch (err) {
-        if (errnoCode(err) === 'ENOENT') continue;
+        if (codeOf(err) === 'ENOENT') continue;
         throw err;
       }
       out.push({ file, state: state as 'q' | 'r', ticket: Number(ticket), bytes });

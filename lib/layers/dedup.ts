@@ -1,8 +1,10 @@
-import { createHash } from 'node:crypto';
-import { createReadStream, promises as fsp } from 'node:fs';
+import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { LayerError, errnoCode } from './errors.js';
-import { mapLimit, walkTree, type TreeEntry } from './fsTree.js';
+import { codeOf } from '../errors.js';
+import { walkTree, type TreeEntry } from '../files/fsTree.js';
+import { hashFile } from '../files/hash.js';
+import { mapLimit } from '../files/limit.js';
+import { LayerError } from './errors.js';
 
 /**
  * File-level deduplication across layers: a content-addressed object store
@@ -42,21 +44,8 @@ export interface DedupResult {
   savedBytes: number;
 }
 
-export function objectPathFor(objectsDir: string, key: string): string {
+function objectPathFor(objectsDir: string, key: string): string {
   return path.join(objectsDir, key.slice(0, 2), key.slice(2));
-}
-
-export async function hashFile(file: string, knownSize?: number): Promise<string> {
-  // Small files (most of a venv): one read beats a stream's setup cost.
-  if (knownSize !== undefined && knownSize <= 1 << 20) return createHash('sha256').update(await fsp.readFile(file)).digest('hex');
-  const h = createHash('sha256');
-  await new Promise<void>((resolve, reject) => {
-    createReadStream(file, { highWaterMark: 1 << 20 })
-      .on('data', (b) => h.update(b))
-      .on('end', () => resolve())
-      .on('error', reject);
-  });
-  return h.digest('hex');
 }
 
 /** `hashes`, if given, receives each hashed file's content sha256 by relative path (the store's listing reuses them). */
@@ -92,7 +81,7 @@ export async function dedupTree(tree: string, objectsDir: string, opts: DedupOpt
         seenInodes.add(e.st.ino);
         break;
       } catch (err) {
-        const code = errnoCode(err);
+        const code = codeOf(err);
         if (code === 'EXDEV') throw new LayerError(`dedup ${e.abs}: object store ${objectsDir} is on another filesystem`);
         if (code === 'EMLINK') break;
         if (code !== 'EEXIST') throw new LayerError(`dedup ${e.abs}: cannot link into ${obj}: ${(err as Error).message}`, { cause: err });
@@ -101,7 +90,7 @@ export async function dedupTree(tree: string, objectsDir: string, opts: DedupOpt
       try {
         ost = await fsp.lstat(obj, { bigint: true });
       } catch (err) {
-        if (errnoCode(err) === 'ENOENT' && attempt < 3) continue; // gc removed it meanwhile: retry
+        if (codeOf(err) === 'ENOENT' && attempt < 3) continue; // gc removed it meanwhile: retry
         throw err;
       }
       if (ost.ino === e.st.ino && ost.dev === e.st.dev) break; // already the object
@@ -113,7 +102,7 @@ export async function dedupTree(tree: string, objectsDir: string, opts: DedupOpt
       try {
         await fsp.link(obj, tmp);
       } catch (err) {
-        const code = errnoCode(err);
+        const code = codeOf(err);
         if (code === 'ENOENT' && attempt < 3) continue;
         if (code === 'EMLINK') break;
         throw new LayerError(`dedup ${e.abs}: cannot link object ${obj}: ${(err as Error).message}`, { cause: err });
@@ -136,7 +125,7 @@ export async function gcObjects(objectsDir: string): Promise<{ removed: number; 
   try {
     subdirs = await fsp.readdir(objectsDir);
   } catch (err) {
-    if (errnoCode(err) === 'ENOENT') return { removed, freedBytes };
+    if (codeOf(err) === 'ENOENT') return { removed, freedBytes };
     throw err;
   }
   for (const sub of subdirs) {

@@ -1,20 +1,10 @@
+import { MinisandboxError } from '../errors.js';
+
 /**
  * One error type for the layer store, so callers can tell "the layer store
  * refused or failed" apart from programming errors. Messages always name the
  * thing (archive, member, file, lock) and the reason.
  */
-export class LayerError extends Error {
-  override readonly name = 'LayerError';
-  constructor(message: string, options?: { cause?: unknown }) {
-    super(message, options);
-  }
-}
-
-/** Narrow an unknown error to a Node system error with a `code`. */
-export function errnoCode(err: unknown): string | undefined {
-  if (typeof err === 'object' && err !== null && 'code' in err) {
-    const code = (err as { code: unknown }).code;
-    return typeof code === 'string' ? code : undefined;
-  }
-  return undefined;
+export class LayerError extends MinisandboxError {
+  static override readonly code = 'MSBX_LAYER';
 }

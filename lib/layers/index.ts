@@ -18,19 +18,8 @@ export {
   type GcResult,
   type LayerCheck,
 } from './store.js';
+export type { Pin, PinOptions, PinRequest } from './pins.js';
 export { describeProblem, type LayerProblem } from './verify.js';
-export {
-  extractArchive,
-  extractUntrusted,
-  packDirectory,
-  compressionOf,
-  type Compression,
-  type ExtractOptions,
-  type ExtractResult,
-  type UntrustedExtractOptions,
-  type PackOptions,
-} from './extract.js';
-export { acquireLock, withLock, type FileLock, type LockOptions } from './lock.js';
 export { IoBudget, type BudgetOptions, type BudgetTicket, type BudgetProgress, type BudgetUsage } from './budget.js';
 export { dedupTree, gcObjects, type DedupOptions, type DedupResult } from './dedup.js';
 export {
@@ -43,4 +32,3 @@ export {
   type RelocateOptions,
   type RelocateResult,
 } from './relocate.js';
-export { packRepoLayer, type PackRepoOptions, type RepoLayerInfo } from './gitRepo.js';

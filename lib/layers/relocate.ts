@@ -1,7 +1,8 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { LayerError, errnoCode } from './errors.js';
-import { walkTree } from './fsTree.js';
+import { codeOf } from '../errors.js';
+import { walkTree } from '../files/fsTree.js';
+import { LayerError } from './errors.js';
 
 /**
  * Venv relocation: the build-time scan and the per-instance rewrite.
@@ -195,7 +196,7 @@ export async function relocateTree(root: string, opts: RelocateOptions): Promise
     try {
       st = await fsp.lstat(abs);
     } catch (err) {
-      if (errnoCode(err) === 'ENOENT') continue; // deleted in this instance: nothing to do
+      if (codeOf(err) === 'ENOENT') continue; // deleted in this instance: nothing to do
       throw err;
     }
     if (!st.isFile()) continue;

@@ -2,15 +2,18 @@ import { createHash, randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { adopt, codeOf } from '../errors.js';
+import { extractArchive, type Compression } from '../files/extract.js';
+import { makeReadOnly, removeTree, walkTree } from '../files/fsTree.js';
+import { hashFile, sha256Hex } from '../files/hash.js';
+import { acquireLock, tryLock, type FileLock } from '../files/lock.js';
+import { processIsAlive, run, selfStartTime } from '../files/proc.js';
 import { IoBudget, type BudgetOptions, type BudgetProgress } from './budget.js';
-import { dedupTree, gcObjects, hashFile, type DedupOptions, type DedupResult } from './dedup.js';
-import { LayerError, errnoCode } from './errors.js';
-import { extractArchive, type Compression } from './extract.js';
-import { makeReadOnly, removeTree, walkTree } from './fsTree.js';
-import { acquireLock } from './lock.js';
-import { processIsAlive, run, selfStartTime } from './proc.js';
+import { dedupTree, gcObjects, type DedupOptions, type DedupResult } from './dedup.js';
+import { LayerError } from './errors.js';
+import { checkOwner, isLive, pinRequest, readPin, readPins, removePin, withPinsLock, writePin, type Pin, type PinOptions, type PinRequest } from './pins.js';
 import { scanForPrefix, type PrefixFile } from './relocate.js';
-import { LISTING_FILE, compareListings, sha256Hex, treeListing, type HashCache, type LayerProblem, type ListingEntry } from './verify.js';
+import { LISTING_FILE, compareListings, treeListing, type HashCache, type LayerProblem, type ListingEntry } from './verify.js';
 
 /**
  * Content-addressed store of read-only layer trees.
@@ -25,6 +28,9 @@ import { LISTING_FILE, compareListings, sha256Hex, treeListing, type HashCache, 
  *   locks/<sha256>.lock             build-once flock per layer (never deleted:
  *                                   deleting a lock file someone waits on
  *                                   would let two processes hold "the" lock)
+ *   locks/pins.lock                 every change to pins/ is made under it
+ *   pins/<sha256 of owner>.json     who uses which layers (see pins.ts): gc
+ *                                   keeps every layer a live pin names
  *   budget/                         cross-process I/O budget slots
  *
  * The manifest sits next to the tree, not in it, so the mounted layer shows
@@ -87,6 +93,12 @@ export interface AddOptions {
   prefix?: string;
   /** Archive compression (default: from the file name). */
   compression?: Compression;
+  /**
+   * Add the layer to this owner's pin (made if there is none, with these
+   * options; see pin()) before the layer's build lock is released, so that
+   * no gc can take it between being built (or found) and being pinned.
+   */
+  pin?: PinRequest;
   onProgress?: (p: BudgetProgress) => void;
   signal?: AbortSignal;
 }
@@ -105,12 +117,16 @@ export interface DiskUsage {
 }
 
 export interface GcOptions {
-  /** Digests that must be kept (layers mounted by live sandboxes). */
-  inUse: Iterable<string>;
+  /** Layers to keep besides the pinned ones (e.g. mounted by sandboxes that no pin covers). */
+  inUse?: Iterable<string>;
 }
 
 export interface GcResult {
   removedLayers: string[];
+  /** Unpinned layers kept because someone held them at that moment (being pinned, removed or verified). */
+  busyLayers: string[];
+  /** Pins of work in progress (`whileAlive`) whose process is gone. */
+  removedPins: number;
   removedObjects: number;
   removedStaging: number;
 }
@@ -147,7 +163,7 @@ export function normalizeDigest(digest: string): string {
 
 export async function openStore(opts: StoreOptions = {}): Promise<LayerStore> {
   const root = path.resolve(opts.root ?? defaultStoreRoot());
-  for (const sub of ['layers', 'objects', 'staging', 'locks']) await fsp.mkdir(path.join(root, sub), { recursive: true });
+  for (const sub of ['layers', 'objects', 'staging', 'locks', 'pins']) await fsp.mkdir(path.join(root, sub), { recursive: true });
   let budget: IoBudget | undefined;
   if (opts.budget instanceof IoBudget) budget = opts.budget;
   else if (opts.budget !== false) budget = new IoBudget({ ...(opts.budget ?? {}), dir: path.join(root, 'budget') });
@@ -156,6 +172,14 @@ export async function openStore(opts: StoreOptions = {}): Promise<LayerStore> {
 }
 
 type Builder = (tree: string, ticketProgress: (done: number) => void) => Promise<void>;
+
+/** What a layer is built from: its digest, the bytes to unpack or copy, and its name in the manifest. */
+interface LayerSource {
+  digest: string;
+  bytes: number;
+  kind: 'archive' | 'directory';
+  source: string;
+}
 
 export class LayerStore {
   /** @internal use openStore() */
@@ -170,6 +194,21 @@ export class LayerStore {
     return path.join(this.root, 'layers', d);
   }
 
+  private lockFile(d: string): string {
+    return path.join(this.root, 'locks', `${d}.lock`);
+  }
+
+  /** The build lock of layer `d` (every change to it is made under it); waits at most lockTimeoutMs. */
+  private lockLayer(d: string, what: string, signal?: AbortSignal): Promise<FileLock> {
+    return acquireLock(this.lockFile(d), {
+      what,
+      ...(this.lockTimeoutMs !== undefined ? { timeoutMs: this.lockTimeoutMs } : {}),
+      ...(signal ? { signal } : {}),
+    }).catch((err: unknown) => {
+      throw adopt(err, LayerError);
+    });
+  }
+
   /** Add a .tar.zst / .tar.gz / .tar archive; its digest is the sha256 of the archive file. */
   async addArchive(archive: string, opts: AddOptions = {}): Promise<Layer> {
     const abs = path.resolve(archive);
@@ -177,7 +216,7 @@ export class LayerStore {
       throw new LayerError(`layer archive ${abs}: cannot read: ${(err as Error).message}`, { cause: err });
     });
     const digest = await hashFile(abs, st.size);
-    return this.build(digest, st.size, 'archive', opts.name ?? abs, opts, async (tree, progress) => {
+    return this.build({ digest, bytes: st.size, kind: 'archive', source: opts.name ?? abs }, opts, async (tree, progress) => {
       await extractArchive(abs, tree, {
         ...(opts.compression ? { compression: opts.compression } : {}),
         ...(opts.signal ? { signal: opts.signal } : {}),
@@ -192,7 +231,7 @@ export class LayerStore {
     const st = await fsp.lstat(abs).catch(() => undefined);
     if (!st?.isDirectory()) throw new LayerError(`layer directory ${abs}: not a directory`);
     const { digest, bytes } = await digestDirectory(abs);
-    return this.build(digest, bytes, 'directory', opts.name ?? abs, opts, async (tree, progress) => {
+    return this.build({ digest, bytes, kind: 'directory', source: opts.name ?? abs }, opts, async (tree, progress) => {
       // cp -a keeps modes, mtimes (ns), symlinks as symlinks and hard links;
       // not ownership, for the same reason as tar's --no-same-owner.
       await run('cp', ['-a', '--no-preserve=ownership', `${abs}/.`, tree], { what: `layer directory ${abs}: copy` });
@@ -200,29 +239,32 @@ export class LayerStore {
     });
   }
 
-  private async build(
-    digest: string,
-    bytes: number,
-    kind: 'archive' | 'directory',
-    source: string,
-    opts: AddOptions,
-    fill: Builder,
-  ): Promise<Layer> {
+  private async build(src: LayerSource, opts: AddOptions, fill: Builder): Promise<Layer> {
+    try {
+      return await this.buildOnce(src, opts, fill);
+    } catch (err) {
+      // An archive refused, a lock not acquired, a copy failed: the store's error.
+      throw adopt(err, LayerError);
+    }
+  }
+
+  private async buildOnce(src: LayerSource, opts: AddOptions, fill: Builder): Promise<Layer> {
+    const { digest, bytes, source } = src;
     if (opts.prefix !== undefined && !path.isAbsolute(opts.prefix))
       throw new LayerError(`layer ${source}: prefix ${opts.prefix} is not an absolute path`);
+    const pin = opts.pin === undefined ? undefined : pinRequest(opts.pin);
     const existing = await this.get(digest);
-    if (existing) return existing;
+    if (existing && !pin) return existing;
 
     // Build exactly once across processes: whoever gets the lock builds; the
     // others wait, then find the finished layer and reuse it.
-    const lock = await acquireLock(path.join(this.root, 'locks', `${digest}.lock`), {
-      what: `layer ${digest} (${source})`,
-      ...(this.lockTimeoutMs !== undefined ? { timeoutMs: this.lockTimeoutMs } : {}),
-      ...(opts.signal ? { signal: opts.signal } : {}),
-    });
+    const lock = await this.lockLayer(digest, `layer ${digest} (${source})`, opts.signal);
     try {
       const built = await this.get(digest);
-      if (built) return built;
+      if (built) {
+        if (pin) await this.addToPin(pin.owner, [digest], pin);
+        return built;
+      }
       await this.removeStaleStaging(digest);
       const ticket = this.budget
         ? await this.budget.acquire(bytes, { label: `${digest.slice(0, 12)} ${path.basename(source)}`, ...(opts.signal ? { signal: opts.signal } : {}) })
@@ -235,13 +277,13 @@ export class LayerStore {
           ticket?.progress(done);
           opts.onProgress?.({ label: digest, done, total: bytes });
         });
-        const { manifest, listing } = await this.finishTree(tree, digest, kind, source, opts);
+        const { manifest, listing } = await this.finishTree(tree, src, opts);
         await fsp.writeFile(path.join(staging, LISTING_FILE), listing, { mode: 0o444 });
         await fsp.writeFile(path.join(staging, 'manifest.json'), `${JSON.stringify(manifest, null, 2)}\n`, { mode: 0o444 });
         try {
           await fsp.rename(staging, this.layerDir(digest));
         } catch (err) {
-          const code = errnoCode(err);
+          const code = codeOf(err);
           if (code !== 'ENOTEMPTY' && code !== 'EEXIST') throw err;
           // Built meanwhile without our lock (e.g. by another store root
           // sharing the layers dir): keep theirs, drop ours.
@@ -255,20 +297,70 @@ export class LayerStore {
       }
       const layer = await this.get(digest);
       if (!layer) throw new LayerError(`layer ${digest} (${source}): vanished right after it was built`);
+      if (pin) await this.addToPin(pin.owner, [digest], pin);
       return layer;
     } finally {
       await lock.release();
     }
   }
 
+  /** With the build locks of `digests` held: add them to `owner`'s pin, made if it has none. */
+  private addToPin(owner: string, digests: string[], opts: PinOptions = {}): Promise<Pin> {
+    return withPinsLock(this.root, async () => {
+      const before = await readPin(this.root, owner);
+      const had = before && isLive(before) ? before : undefined;
+      const holder = had ? had.process : opts.whileAlive ? { pid: process.pid, startTime: selfStartTime() } : undefined;
+      const pin: Pin = {
+        owner,
+        label: opts.label ?? had?.label ?? owner,
+        digests: [...new Set([...(had?.digests ?? []), ...digests])].sort(),
+        updated: new Date().toISOString(),
+        ...(holder ? { process: holder } : {}),
+      };
+      await writePin(this.root, pin);
+      return pin;
+    });
+  }
+
+  /**
+   * Adds `digests` to `owner`'s pin, making it if there is none (a pin may
+   * name no layer yet), and returns the pin. gc keeps every layer a pin
+   * names until its owner is unpinned. Each layer must be in the store: a
+   * missing one (never built, or collected before it was pinned) is an
+   * error naming it, and the pin is left as it was. `opts` apply to a new
+   * pin (a label given replaces the old one).
+   */
+  async pin(owner: string, digests: Iterable<string>, opts: PinOptions = {}): Promise<Pin> {
+    checkOwner(owner);
+    const names = [...new Set([...digests].map(normalizeDigest))].sort();
+    // The layers' build locks, in one order (no two pinners wait on each
+    // other), held until the pin is written: gc cannot remove them meanwhile.
+    const locks: FileLock[] = [];
+    try {
+      for (const d of names) locks.push(await this.lockLayer(d, `pin ${owner}: layer ${d}`));
+      for (const d of names) if (!(await this.get(d))) throw new LayerError(`pin ${JSON.stringify(owner)}: layer ${d} is not in the store ${this.root}`);
+      return await this.addToPin(owner, names, opts);
+    } finally {
+      for (const l of locks.reverse()) await l.release();
+    }
+  }
+
+  /** Drops `owner`'s pin: its layers go at the next gc unless another pin keeps them. False if it had none. */
+  async unpin(owner: string): Promise<boolean> {
+    checkOwner(owner);
+    return withPinsLock(this.root, () => removePin(this.root, owner));
+  }
+
+  /** Every pin that counts (pins of work in progress whose process is gone do not), by owner. */
+  async pins(): Promise<Pin[]> {
+    return (await readPins(this.root))
+      .map((p) => p.pin)
+      .filter(isLive)
+      .sort((a, b) => (a.owner < b.owner ? -1 : a.owner > b.owner ? 1 : 0));
+  }
+
   /** Scan, set final modes, dedup, count, list: everything before publishing. */
-  private async finishTree(
-    tree: string,
-    digest: string,
-    kind: 'archive' | 'directory',
-    source: string,
-    opts: AddOptions,
-  ): Promise<{ manifest: LayerManifest; listing: string }> {
+  private async finishTree(tree: string, src: LayerSource, opts: AddOptions): Promise<{ manifest: LayerManifest; listing: string }> {
     // Scan before anything else touches the tree.
     const prefixFiles = opts.prefix ? await scanForPrefix(tree, opts.prefix) : undefined;
     // Files first: dedup keys on the final mode. Directories stay writable
@@ -282,12 +374,12 @@ export class LayerStore {
     const listing = await treeListing(tree, { known: hashes });
     const manifest: LayerManifest = {
       version: 1,
-      digest,
+      digest: src.digest,
       size: counts.bytes,
       fileCount: counts.files,
       entryCount: counts.entries,
-      source,
-      sourceKind: kind,
+      source: src.source,
+      sourceKind: src.kind,
       ...(opts.prefix ? { prefix: opts.prefix, prefixFiles: prefixFiles ?? [] } : {}),
       created: new Date().toISOString(),
       ...(dedup ? { dedup } : {}),
@@ -311,7 +403,7 @@ export class LayerStore {
       if (!st.isDirectory()) return undefined;
       text = await fsp.readFile(path.join(dir, 'manifest.json'), 'utf8');
     } catch (err) {
-      if (errnoCode(err) === 'ENOENT' || errnoCode(err) === 'ENOTDIR') return undefined;
+      if (codeOf(err) === 'ENOENT' || codeOf(err) === 'ENOTDIR') return undefined;
       throw err;
     }
     let manifest: LayerManifest;
@@ -333,11 +425,17 @@ export class LayerStore {
     return out;
   }
 
-  /** Remove one layer. Returns false if it was not there. Takes the layer's build lock. */
+  /**
+   * Remove one layer. Returns false if it was not there; refuses a pinned
+   * layer, naming its users. Takes the layer's build lock (which pinning
+   * holds too: no pin can appear while this decides).
+   */
   async remove(digest: string): Promise<boolean> {
     const d = normalizeDigest(digest);
-    const lock = await acquireLock(path.join(this.root, 'locks', `${d}.lock`), { what: `remove layer ${d}` });
+    const lock = await this.lockLayer(d, `remove layer ${d}`);
     try {
+      const users = (await this.pins()).filter((p) => p.digests.includes(d)).map((p) => p.label);
+      if (users.length > 0) throw new LayerError(`remove layer ${d}: in use by ${users.join('; ')}; unpin it first`);
       return await this.removeLocked(d);
     } finally {
       await lock.release();
@@ -351,7 +449,7 @@ export class LayerStore {
       // (A symlink planted at layers/<d> is moved and unlinked, never followed.)
       await fsp.rename(this.layerDir(d), trash);
     } catch (err) {
-      if (errnoCode(err) === 'ENOENT') return false;
+      if (codeOf(err) === 'ENOENT') return false;
       throw new LayerError(`remove layer ${d}: ${(err as Error).message}`, { cause: err });
     }
     await removeTree(trash);
@@ -359,16 +457,38 @@ export class LayerStore {
   }
 
   /**
-   * Remove every layer not in `inUse`, staging dirs left by dead processes,
-   * and dedup objects no layer links to any more.
+   * Remove every layer no live pin names (and not in `inUse`), pins of work
+   * in progress whose process died, staging dirs left by dead processes,
+   * and dedup objects no layer links to any more. Runs under the pins lock,
+   * so no pin changes while it decides; a layer someone holds right then (a
+   * pin being made, a verify) is left for the next run.
    */
-  async gc(opts: GcOptions): Promise<GcResult> {
-    const keep = new Set<string>([...opts.inUse].map(normalizeDigest));
-    const result: GcResult = { removedLayers: [], removedObjects: 0, removedStaging: 0 };
-    for (const name of await fsp.readdir(path.join(this.root, 'layers'))) {
-      if (!DIGEST.test(name) || keep.has(name)) continue;
-      if (await this.remove(name)) result.removedLayers.push(name);
-    }
+  async gc(opts: GcOptions = {}): Promise<GcResult> {
+    const keep = new Set<string>([...(opts.inUse ?? [])].map(normalizeDigest));
+    const result: GcResult = { removedLayers: [], busyLayers: [], removedPins: 0, removedObjects: 0, removedStaging: 0 };
+    await withPinsLock(this.root, async () => {
+      for (const { file, pin } of await readPins(this.root)) {
+        if (isLive(pin)) for (const d of pin.digests) keep.add(d);
+        else {
+          await fsp.rm(file, { force: true });
+          result.removedPins++;
+        }
+      }
+      for (const name of (await fsp.readdir(path.join(this.root, 'layers'))).sort()) {
+        if (!DIGEST.test(name) || keep.has(name)) continue;
+        // Never wait here: whoever holds the lock may be waiting for the pins lock we hold.
+        const lock = await tryLock(this.lockFile(name), { what: `gc layer ${name}` });
+        if (!lock) {
+          result.busyLayers.push(name);
+          continue;
+        }
+        try {
+          if (await this.removeLocked(name)) result.removedLayers.push(name);
+        } finally {
+          await lock.release();
+        }
+      }
+    });
     const staging = path.join(this.root, 'staging');
     for (const name of await fsp.readdir(staging)) {
       const m = /\.(\d+)-(\d+)\.[0-9a-f]+$/.exec(name);
@@ -386,8 +506,8 @@ export class LayerStore {
    * mtime, every directory's mode, every symlink's target, nothing missing
    * and nothing added; and the manifest and listing themselves. Files shared
    * by dedup are read once. Each layer is checked under its build lock, so a
-   * concurrent remove or gc waits. Throws for a named layer that is not in
-   * the store.
+   * concurrent remove waits and gc leaves it for its next run. Throws for a
+   * named layer that is not in the store.
    */
   async verify(digests?: Iterable<string>): Promise<LayerCheck[]> {
     let names: string[];
@@ -399,7 +519,7 @@ export class LayerStore {
     const cache: HashCache = new Map();
     const out: LayerCheck[] = [];
     for (const d of names) {
-      const lock = await acquireLock(path.join(this.root, 'locks', `${d}.lock`), { what: `verify layer ${d}` });
+      const lock = await this.lockLayer(d, `verify layer ${d}`);
       try {
         const layer = await this.get(d);
         if (layer) out.push(await this.verifyLayer(layer, cache));

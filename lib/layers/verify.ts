@@ -1,8 +1,7 @@
-import { createHash } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
-import { hashFile } from './dedup.js';
-import { errnoCode } from './errors.js';
-import { mapLimit, walkTree } from './fsTree.js';
+import { walkTree } from '../files/fsTree.js';
+import { hashFile } from '../files/hash.js';
+import { mapLimit } from '../files/limit.js';
 
 /**
  * What a layer's tree was when it was built, so it can be checked later.
@@ -66,10 +65,6 @@ export async function treeListing(tree: string, opts: { known?: Map<string, stri
     return [e.rel, 'f', mode, Number(e.st.size), e.st.mtimeNs.toString(), sha];
   });
   return { entries, text: entries.map((e) => `${JSON.stringify(e)}\n`).join(''), files, bytes };
-}
-
-export function sha256Hex(data: string | Buffer): string {
-  return createHash('sha256').update(data).digest('hex');
 }
 
 /** One difference between a layer as built and as it is now. */
@@ -138,16 +133,5 @@ export function describeProblem(p: LayerProblem): string {
       return `${p.path}: cannot be read: ${p.actual}`;
     default:
       return `${p.path}: ${p.what} ${p.actual}, expected ${p.expected}`;
-  }
-}
-
-/** sha256 of a file, streamed; undefined if it does not exist. */
-export async function fileSha256(file: string): Promise<string | undefined> {
-  try {
-    const st = await fsp.stat(file);
-    return await hashFile(file, st.size);
-  } catch (err) {
-    if (errnoCode(err) === 'ENOENT') return undefined;
-    throw err;
   }
 }

@@ -9,7 +9,7 @@ import { writable as canWrite } from './limits.js';
 import { rootIdRange } from './policy.js';
 import { run } from './run.js';
 import { DEFAULT_SECCOMP_RULES } from './seccomp.js';
-import { removeTree } from '../layers/fsTree.js';
+import { removeTree } from '../files/fsTree.js';
 
 export interface Check {
   name: string;

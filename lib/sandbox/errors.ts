@@ -3,6 +3,7 @@
  * caller never has to decode an exit status to learn what went wrong.
  */
 import { getSystemErrorMap } from 'node:util';
+import { MinisandboxError } from '../errors.js';
 
 const errnoNames = new Map<number, [string, string]>();
 for (const [negErrno, entry] of getSystemErrorMap()) errnoNames.set(-negErrno, entry);
@@ -17,13 +18,14 @@ export function errnoCode(errno: number): string {
   return errnoNames.get(errno)?.[0] ?? `E${errno}`;
 }
 
-export class SandboxError extends Error {
-  override name = 'SandboxError';
+/** A sandbox could not be made or used as asked. */
+export class SandboxError extends MinisandboxError {
+  static override readonly code: string = 'MSBX_SANDBOX';
 }
 
 /** Options that cannot describe a valid sandbox; nothing was started. */
 export class ConfigError extends SandboxError {
-  override name = 'ConfigError';
+  static override readonly code = 'MSBX_CONFIG';
   constructor(
     message: string,
     /** The option at fault, as a dotted path (`mounts[2].source`). */
@@ -33,38 +35,35 @@ export class ConfigError extends SandboxError {
   }
 }
 
-/** A setup step failed inside the new namespaces, before the command ran. */
+/**
+ * A setup step failed inside the new namespaces, before the command ran: a
+ * failed system call, so `code` is its errno name ('ENOENT'), as for Node's
+ * own system errors, and `errno` its number.
+ */
 export class SetupError extends SandboxError {
-  override name = 'SetupError';
-  readonly code: string;
   constructor(
     message: string,
     readonly step: string,
     readonly errno: number,
     readonly detail = '',
   ) {
-    super(message);
-    this.code = errnoCode(errno);
+    super(message, { code: errnoCode(errno) });
   }
 }
 
 /** A mount of the plan failed: `MountError: bind /data -> /mnt: ENOENT`. */
-export class MountError extends SetupError {
-  override name = 'MountError';
-}
+export class MountError extends SetupError {}
 
 /** The command itself could not be executed. */
-export class ExecError extends SetupError {
-  override name = 'ExecError';
-}
+export class ExecError extends SetupError {}
 
-/** The kernel refused to create the namespaces (user namespaces disabled...). */
+/**
+ * The kernel refused to create the namespaces (user namespaces disabled...):
+ * `code` is the errno name of the refused call where it is known.
+ */
 export class NamespaceError extends SandboxError {
-  override name = 'NamespaceError';
-  constructor(
-    message: string,
-    readonly code?: string,
-  ) {
-    super(message);
+  static override readonly code = 'MSBX_NAMESPACE';
+  constructor(message: string, errnoName?: string) {
+    super(message, errnoName === undefined ? {} : { code: errnoName });
   }
 }

@@ -10,10 +10,10 @@ import { stat } from 'node:fs/promises';
 import { basename, dirname, join, posix } from 'node:path';
 import type { Writable } from 'node:stream';
 import { create as createTar } from 'tar';
-import { LayerError } from '../layers/errors.js';
-import { extractUntrusted } from '../layers/extract.js';
+import { adopt } from '../errors.js';
+import { extractUntrusted } from '../files/extract.js';
 import { native, type NativeOp, type NativePlan } from '../native/index.js';
-import { ShellSession, type PtyChannel } from '../shell/index.js';
+import { SessionExistsError, ShellSession, type PtyChannel } from '../shell/index.js';
 import { ConfigError, SandboxError, describeErrno } from './errors.js';
 import { SandboxLimits, type Limits, type LimitReport } from './limits.js';
 import type { ProcessOptions, SandboxOptions } from './options.js';
@@ -35,7 +35,7 @@ import {
 import { FILE_CAPABILITIES, TMPFS_SIZES, WORK_DIR } from './policy.js';
 import { SandboxProcess, callNative } from './process.js';
 import { DEFAULT_MAX_BUFFER, collectResult, type RunResult } from './run.js';
-import { removeTree } from '../layers/fsTree.js';
+import { removeTree } from '../files/fsTree.js';
 import { collectGarbage, createPrivateDir, defaultStateDir, ensureStateDir, newSandboxId } from './state.js';
 
 export interface SandboxCreateOptions extends SandboxOptions {
@@ -131,6 +131,8 @@ export class Sandbox implements AsyncDisposable {
   readonly #cwd: string;
   readonly #capabilities: string[] | undefined;
   readonly #sessions = new Map<string, ShellSession>();
+  /** Names whose shell is still starting: a second shell of that name must fail, not race. */
+  readonly #sessionsStarting = new Set<string>();
   readonly #running = new Set<SandboxProcess>();
   #closing: Promise<void> | null = null;
 
@@ -300,37 +302,44 @@ export class Sandbox implements AsyncDisposable {
 
   /**
    * Opens a bash session on a new terminal, with SWE-ReX's semantics. A
-   * name makes it retrievable with session(name) and unique in this sandbox.
+   * name makes it retrievable with session(name) and unique in this
+   * sandbox, as SWE-ReX's sessions are (the server's are these): a name
+   * taken, or being started, is a SessionExistsError; a session whose shell
+   * has exited (`exit` typed) no longer holds its name, since it could
+   * never run anything again.
    */
   async shell(opts: ShellOptions & { name?: string } = {}): Promise<ShellSession> {
     const name = opts.name;
-    if (name !== undefined && this.#sessions.has(name)) throw new SandboxError(`session '${name}' already exists in sandbox ${this.id}`);
-    const proc = this.spawn(['/bin/bash'], {
-      pty: { cols: opts.cols ?? 80, rows: opts.rows ?? 24 },
-      cwd: opts.cwd,
-      env: opts.env,
-    });
-    await proc.ready;
-    const session = await ShellSession.start(ptyChannel(proc), {
-      startupSource: opts.startupSource,
-      startupTimeoutMs: opts.startupTimeoutMs,
-      maxOutputBytes: opts.maxOutputBytes,
-    });
     if (name !== undefined) {
-      this.#sessions.set(name, session);
-      void proc.exited.catch(() => {}).finally(() => {
-        if (this.#sessions.get(name) === session) this.#sessions.delete(name);
-      });
+      if (this.#sessions.get(name)?.isClosed) this.#sessions.delete(name);
+      if (this.#sessions.has(name) || this.#sessionsStarting.has(name)) throw new SessionExistsError(`session ${name} already exists`);
+      this.#sessionsStarting.add(name);
     }
-    return session;
+    try {
+      const proc = this.spawn(['/bin/bash'], {
+        pty: { cols: opts.cols ?? 80, rows: opts.rows ?? 24 },
+        cwd: opts.cwd,
+        env: opts.env,
+      });
+      await proc.ready;
+      const session = await ShellSession.start(ptyChannel(proc), {
+        startupSource: opts.startupSource,
+        startupTimeoutMs: opts.startupTimeoutMs,
+        maxOutputBytes: opts.maxOutputBytes,
+      });
+      if (name !== undefined) this.#sessions.set(name, session);
+      return session;
+    } finally {
+      if (name !== undefined) this.#sessionsStarting.delete(name);
+    }
   }
 
-  /** A named session opened by shell({ name }), if it is still open. */
+  /** The session shell({ name }) opened, until closeSession(name) (`isClosed` says whether its shell still runs). */
   session(name: string): ShellSession | undefined {
     return this.#sessions.get(name);
   }
 
-  /** Closes and forgets a named session. */
+  /** Closes and forgets a named session; false if there is none of that name. */
   async closeSession(name: string): Promise<boolean> {
     const s = this.#sessions.get(name);
     if (!s) return false;
@@ -461,8 +470,7 @@ export class Sandbox implements AsyncDisposable {
     } catch (err) {
       proc.killTree();
       await proc.exited.catch(() => {});
-      if (err instanceof LayerError) throw new SandboxError(err.message, { cause: err });
-      throw err;
+      throw adopt(err, SandboxError);
     }
   }
 

@@ -2,7 +2,7 @@
  * Private directories of persistent sandboxes, their ownership records, and
  * garbage collection of those left behind by a process that died.
  *
- * Removal (layers/fsTree removeTree) never follows a symlink and never
+ * Removal (lib/files removeTree) never follows a symlink and never
  * crosses into another filesystem: whatever a sandbox planted in its
  * directory, only that directory is deleted.
  */
@@ -10,7 +10,9 @@ import { randomBytes } from 'node:crypto';
 import { chmodSync, lstatSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { removeTree } from '../layers/fsTree.js';
+import { codeOf } from '../errors.js';
+import { removeTree } from '../files/fsTree.js';
+import { processIsAlive, selfStartTime } from '../files/proc.js';
 import { ConfigError } from './errors.js';
 import { removeSandboxCgroups } from './limits.js';
 
@@ -30,7 +32,7 @@ function ours(path: string): boolean {
     const st = lstatSync(path);
     return st.isDirectory() && st.uid === (process.getuid?.() ?? 0);
   } catch (e) {
-    return (e as NodeJS.ErrnoException).code === 'ENOENT';
+    return codeOf(e) === 'ENOENT';
   }
 }
 
@@ -65,21 +67,6 @@ export function ensureStateDir(dir: string): void {
   if ((st.mode & 0o077) !== 0) chmodSync(dir, 0o700);
 }
 
-export function processStartTime(pid: number): string | null {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    // Fields after the command name, which may contain spaces and ')'.
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return fields[19] ?? null; // field 22 overall
-  } catch {
-    return null;
-  }
-}
-
-export function isOwnerAlive(rec: Pick<OwnerRecord, 'pid' | 'startTime'>): boolean {
-  return processStartTime(rec.pid) === rec.startTime;
-}
-
 export function newSandboxId(): string {
   return `sbx-${randomBytes(6).toString('hex')}`;
 }
@@ -88,12 +75,12 @@ export function newSandboxId(): string {
 export function createPrivateDir(stateDir: string, id: string): string {
   const dir = join(stateDir, id);
   mkdirSync(dir, { mode: 0o700 });
-  const rec: OwnerRecord = { id, pid: process.pid, startTime: processStartTime(process.pid) ?? '', created: new Date().toISOString() };
+  const rec: OwnerRecord = { id, pid: process.pid, startTime: selfStartTime(), created: new Date().toISOString() };
   writeFileSync(join(dir, OWNER_FILE), JSON.stringify(rec) + '\n', { mode: 0o600 });
   return dir;
 }
 
-export function readOwner(dir: string): OwnerRecord | null {
+function readOwner(dir: string): OwnerRecord | null {
   try {
     return JSON.parse(readFileSync(join(dir, OWNER_FILE), 'utf8')) as OwnerRecord;
   } catch {
@@ -129,7 +116,7 @@ export async function collectGarbage(stateDir: string, opts: { minAgeMs?: number
     const dir = join(stateDir, name);
     try {
       const rec = readOwner(dir);
-      if (rec ? isOwnerAlive(rec) : Date.now() - lstatSync(dir).mtimeMs < minAgeMs) {
+      if (rec ? processIsAlive(rec.pid, rec.startTime) : Date.now() - lstatSync(dir).mtimeMs < minAgeMs) {
         result.kept.push(dir);
         continue;
       }
@@ -139,7 +126,7 @@ export async function collectGarbage(stateDir: string, opts: { minAgeMs?: number
       for (const failure of removeSandboxCgroups(name)) result.failed.push(failure);
     } catch (e) {
       // Gone meanwhile (its owner closed it, or another gc got there first).
-      if ((e as NodeJS.ErrnoException).code === 'ENOENT') continue;
+      if (codeOf(e) === 'ENOENT') continue;
       result.failed.push({ dir, reason: (e as Error).message });
     }
   }

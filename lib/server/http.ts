@@ -5,9 +5,11 @@
  */
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { MinisandboxError } from '../errors.js';
 
 /** A reply decided before or instead of a handler's normal result. */
-export class HttpError extends Error {
+export class HttpError extends MinisandboxError {
+  static override readonly code = 'MSBX_HTTP';
   constructor(
     readonly status: number,
     /** The JSON body, FastAPI-style: `{"detail": ...}` unless given whole. */

@@ -38,7 +38,7 @@ const TRUE_WORDS = new Set(['true', '1', 'yes', 'y', 'on', 't']);
 const FALSE_WORDS = new Set(['false', '0', 'no', 'n', 'off', 'f']);
 
 /** Pydantic's lax bool: JSON booleans, 0/1 and the usual words. */
-export function laxBool(v: unknown): boolean | undefined {
+function laxBool(v: unknown): boolean | undefined {
   if (typeof v === 'boolean') return v;
   if (v === 0 || v === 1) return v === 1;
   if (typeof v === 'string') {

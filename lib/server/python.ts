@@ -7,6 +7,7 @@ import { SwerexError } from '../shell/errors.js';
 
 /** An exception the Python server would raise from the standard library (FileNotFoundError...). */
 export class PythonError extends SwerexError {
+  static override readonly code = 'MSBX_PYTHON';
   override readonly swerexClassPath: string;
   constructor(classPath: string, message: string, extraInfo: Record<string, unknown> = {}) {
     super(message, extraInfo);

@@ -4,16 +4,13 @@
  * sessions, counted against a maximum, closed on DELETE or server stop.
  */
 import { Sandbox, type SandboxCreateOptions } from '../sandbox/index.js';
-import { SessionDoesNotExistError, SessionExistsError, type ShellSession } from '../shell/index.js';
+import { SessionDoesNotExistError, type ShellSession } from '../shell/index.js';
 import { HttpError } from './http.js';
 import { pyRepr } from './python.js';
 
-/** One sandbox and the SWE-ReX sessions opened in it. */
+/** One sandbox and the SWE-ReX sessions opened in it (the sandbox's own named sessions). */
 export class ManagedSandbox {
   readonly created = new Date();
-  readonly #sessions = new Map<string, ShellSession>();
-  /** Names whose shell is still starting: a second create_session must fail, not race. */
-  readonly #starting = new Set<string>();
 
   constructor(
     readonly sandbox: Sandbox,
@@ -24,48 +21,20 @@ export class ManagedSandbox {
     return this.sandbox.id;
   }
 
-  get sessionNames(): string[] {
-    return [...this.#sessions.keys()];
-  }
-
-  /**
-   * Opens a named session. SWE-ReX raises SessionExistsError for a taken
-   * name; a session whose shell has exited (`exit` typed) no longer holds
-   * its name, since it could never run anything again.
-   */
-  async openSession(name: string, start: () => Promise<ShellSession>): Promise<ShellSession> {
-    const existing = this.#sessions.get(name);
-    if (existing?.isClosed) this.#sessions.delete(name);
-    if (this.#sessions.has(name) || this.#starting.has(name)) {
-      throw new SessionExistsError(`session ${name} already exists`);
-    }
-    this.#starting.add(name);
-    try {
-      const session = await start();
-      this.#sessions.set(name, session);
-      return session;
-    } finally {
-      this.#starting.delete(name);
-    }
-  }
-
+  /** The named session, or SWE-ReX's SessionDoesNotExistError. */
   session(name: string): ShellSession {
-    const s = this.#sessions.get(name);
-    if (!s) throw new SessionDoesNotExistError(`session ${pyRepr(name)} does not exist`);
+    const s = this.sandbox.session(name);
+    if (!s) throw noSuchSession(name);
     return s;
   }
 
   async closeSession(name: string): Promise<void> {
-    const s = this.session(name);
-    this.#sessions.delete(name);
-    await s.close();
+    if (!(await this.sandbox.closeSession(name))) throw noSuchSession(name);
   }
 
   /** POST /close: every session ends; the sandbox and its files stay. */
   async closeAllSessions(): Promise<void> {
-    const all = [...this.#sessions.values()];
-    this.#sessions.clear();
-    await Promise.all(all.map((s) => s.close()));
+    await Promise.all(this.sandbox.sessionNames.map((name) => this.sandbox.closeSession(name)));
   }
 
   async close(): Promise<void> {
@@ -81,10 +50,14 @@ export class ManagedSandbox {
       hostname: this.sandbox.hostname,
       created: this.created.toISOString(),
       alive: !this.sandbox.closed,
-      sessions: this.sessionNames,
+      sessions: this.sandbox.sessionNames,
       limits: this.sandbox.limits,
     };
   }
+}
+
+function noSuchSession(name: string): SessionDoesNotExistError {
+  return new SessionDoesNotExistError(`session ${pyRepr(name)} does not exist`);
 }
 
 export interface RegistryOptions {

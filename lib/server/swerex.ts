@@ -29,11 +29,7 @@ import { BadZipError, ZipRefusedError, checkZipIsSafe, type ZipLimits } from './
  * `expect_string`, so a plain command's observation carries this string;
  * clients that compare against it keep working.
  */
-export const SWEREX_PS1 = 'SHELLPS1PREFIX';
-
-/** Where relative paths and `cwd`s start, as the sandbox's commands do. */
-
-/** What file operations may override, as Sandbox#readFile/writeFile use. */
+const SWEREX_PS1 = 'SHELLPS1PREFIX';
 
 /** Printed by the exec wrapper when the program does not exist (Python: FileNotFoundError). */
 const NOT_FOUND_MARKER = '__msbx_exec_not_found__';
@@ -56,13 +52,12 @@ export interface OutputLimit {
 }
 
 export async function createSession(m: ManagedSandbox, req: CreateBashSessionRequest, limit: OutputLimit): Promise<Record<string, unknown>> {
-  const session = await m.openSession(req.session, () =>
-    m.sandbox.shell({
-      startupSource: req.startup_source,
-      startupTimeoutMs: Math.round(req.startup_timeout * 1000),
-      maxOutputBytes: limit.maxOutputBytes,
-    }),
-  );
+  const session = await m.sandbox.shell({
+    name: req.session,
+    startupSource: req.startup_source,
+    startupTimeoutMs: Math.round(req.startup_timeout * 1000),
+    maxOutputBytes: limit.maxOutputBytes,
+  });
   return { output: session.startupOutput, session_type: 'bash' };
 }
 

@@ -8,14 +8,16 @@
  * zipfile, which SWE-ReX uses, never does), too many entries, or a total
  * uncompressed size above the limit (zip bombs).
  */
+import { MinisandboxError } from '../errors.js';
 
-export class ZipRefusedError extends Error {
-  override name = 'ZipRefusedError';
+/** A zip that would unpack outside its target, or too much (see above). */
+export class ZipRefusedError extends MinisandboxError {
+  static override readonly code = 'MSBX_ZIP_REFUSED';
 }
 
 /** Not a zip file at all (Python: zipfile.BadZipFile). */
-export class BadZipError extends Error {
-  override name = 'BadZipError';
+export class BadZipError extends MinisandboxError {
+  static override readonly code = 'MSBX_BAD_ZIP';
 }
 
 export interface ZipEntry {
@@ -49,7 +51,7 @@ function readBigSize(buf: Buffer, off: number): number {
 }
 
 /** Entries of the central directory. */
-export function listZipEntries(buf: Buffer): ZipEntry[] {
+function listZipEntries(buf: Buffer): ZipEntry[] {
   if (buf.length < 22) throw new BadZipError('File is not a zip file');
   const eocd = findEndOfCentralDirectory(buf);
   let count = buf.readUInt16LE(eocd + 10);

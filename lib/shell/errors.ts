@@ -6,6 +6,7 @@
  * `{"swerexception": {message, class_path, traceback, extra_info}}` and the
  * Python client re-raises the matching class (it imports `class_path`).
  */
+import { MinisandboxError } from '../errors.js';
 
 /** Wire form of an exception in the SWE-ReX protocol (HTTP 511 body). */
 export interface SwerexExceptionPayload {
@@ -15,14 +16,14 @@ export interface SwerexExceptionPayload {
   extra_info: Record<string, unknown>;
 }
 
-export class SwerexError extends Error {
+export class SwerexError extends MinisandboxError {
+  static override readonly code: string = 'MSBX_SHELL';
   /** Python class the SWE-ReX client should re-raise, e.g. `swerex.exceptions.CommandTimeoutError`. */
   readonly swerexClassPath: string = 'builtins.RuntimeError';
   readonly extraInfo: Record<string, unknown>;
 
   constructor(message: string, extraInfo: Record<string, unknown> = {}) {
     super(message);
-    this.name = new.target.name;
     this.extraInfo = extraInfo;
   }
 
@@ -37,6 +38,7 @@ export class SwerexError extends Error {
 }
 
 export class SessionNotInitializedError extends SwerexError {
+  static override readonly code: string = 'MSBX_SESSION_NOT_INITIALIZED';
   override readonly swerexClassPath = 'swerex.exceptions.SessionNotInitializedError';
 }
 
@@ -45,9 +47,12 @@ export class SessionNotInitializedError extends SwerexError {
  * class; a closed BashSession behaves like an uninitialised one, so the wire
  * class is SessionNotInitializedError.
  */
-export class SessionClosedError extends SessionNotInitializedError {}
+export class SessionClosedError extends SessionNotInitializedError {
+  static override readonly code = 'MSBX_SESSION_CLOSED';
+}
 
 export class NonZeroExitCodeError extends SwerexError {
+  static override readonly code = 'MSBX_NONZERO_EXIT';
   override readonly swerexClassPath = 'swerex.exceptions.NonZeroExitCodeError';
   constructor(
     message: string,
@@ -59,6 +64,7 @@ export class NonZeroExitCodeError extends SwerexError {
 }
 
 export class BashIncorrectSyntaxError extends SwerexError {
+  static override readonly code = 'MSBX_BASH_SYNTAX';
   override readonly swerexClassPath = 'swerex.exceptions.BashIncorrectSyntaxError';
   constructor(
     message: string,
@@ -71,6 +77,7 @@ export class BashIncorrectSyntaxError extends SwerexError {
 }
 
 export class CommandTimeoutError extends SwerexError {
+  static override readonly code = 'MSBX_COMMAND_TIMEOUT';
   override readonly swerexClassPath = 'swerex.exceptions.CommandTimeoutError';
   constructor(
     message: string,
@@ -84,6 +91,7 @@ export class CommandTimeoutError extends SwerexError {
 }
 
 export class NoExitCodeError extends SwerexError {
+  static override readonly code = 'MSBX_NO_EXIT_CODE';
   override readonly swerexClassPath = 'swerex.exceptions.NoExitCodeError';
   constructor(
     message: string,
@@ -94,10 +102,12 @@ export class NoExitCodeError extends SwerexError {
 }
 
 export class SessionExistsError extends SwerexError {
+  static override readonly code = 'MSBX_SESSION_EXISTS';
   override readonly swerexClassPath = 'swerex.exceptions.SessionExistsError';
 }
 
 export class SessionDoesNotExistError extends SwerexError {
+  static override readonly code = 'MSBX_NO_SUCH_SESSION';
   override readonly swerexClassPath = 'swerex.exceptions.SessionDoesNotExistError';
 }
 
@@ -106,6 +116,7 @@ export class SessionDoesNotExistError extends SwerexError {
  * SWE-ReX lets pexpect's TIMEOUT escape in that case, hence the class path.
  */
 export class InterruptFailedError extends SwerexError {
+  static override readonly code = 'MSBX_INTERRUPT_FAILED';
   override readonly swerexClassPath = 'pexpect.exceptions.TIMEOUT';
   constructor(
     message: string,

@@ -6,6 +6,7 @@
  * last few bytes before it (so a marker split across chunks is still found),
  * never the whole buffer again.
  */
+import { MinisandboxError } from '../errors.js';
 import { BoundedBuffer, type BoundedOutputLimits } from './bounded.js';
 import type { PtyChannel } from './pty.js';
 
@@ -23,13 +24,17 @@ export interface ExpectMatch {
   groups: string[];
 }
 
-export class ExpectTimeoutError extends Error {
+/** No pattern appeared in time; `before` is what the terminal printed meanwhile. */
+export class ExpectTimeoutError extends MinisandboxError {
+  static override readonly code = 'MSBX_EXPECT_TIMEOUT';
   constructor(readonly before: string) {
     super('timed out waiting for output');
   }
 }
 
-export class ChannelClosedError extends Error {
+/** The process on the terminal exited before a pattern appeared. */
+export class ChannelClosedError extends MinisandboxError {
+  static override readonly code = 'MSBX_CHANNEL_CLOSED';
   constructor(readonly before: string) {
     super('the process on the pty exited');
   }

@@ -1,6 +1,6 @@
 /** Persistent bash sessions on a pty, with SWE-ReX BashSession semantics. */
 export * from './errors.js';
-export { spawnScriptPty, shQuote, type PtyChannel, type PtyExitInfo, type ScriptPtyOptions } from './pty.js';
+export type { PtyChannel, PtyExitInfo } from './pty.js';
 export {
   ShellSession,
   type BashObservation,
@@ -11,7 +11,7 @@ export {
   type ShellSessionOptions,
 } from './session.js';
 export { checkBashSyntax, type SyntaxCheckResult } from './syntax.js';
-export { cleanTerminalText, ansiCQuote } from './text.js';
+export { cleanTerminalText, ansiCQuote, shQuote } from './text.js';
 export {
   BoundedBuffer,
   DEFAULT_MAX_OUTPUT_BYTES,

@@ -33,6 +33,12 @@ export function ansiCQuote(text: string): string {
   return out + "'";
 }
 
+/** Quote one word for POSIX sh: as it is when it has nothing sh would read specially, else in single quotes. */
+export function shQuote(word: string): string {
+  if (/^[A-Za-z0-9_./=:@%+-]+$/.test(word)) return word;
+  return `'${word.replace(/'/g, `'\\''`)}'`;
+}
+
 export function escapeRegExp(text: string): string {
   return text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 }

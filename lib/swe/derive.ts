@@ -6,7 +6,7 @@
  */
 import { dirname, isAbsolute, relative, resolve } from 'node:path';
 import { isPass, makeStatusLookup } from './grading.js';
-import { createLimiter } from './pipeline/limit.js';
+import { createLimiter } from '../files/limit.js';
 import { prepareTasks, type PrepareOptions, type PrepareSummary } from './pipeline/prepare.js';
 import { runTaskTests, type TestRun } from './pipeline/evaluate.js';
 import type { SandboxRequest } from './pipeline/types.js';

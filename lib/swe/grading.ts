@@ -13,6 +13,7 @@
  * Deviation: an empty or whitespace-only model patch has patch_exists=false
  * (SWE-bench only checks for None); it cannot fix anything.
  */
+import { SweError } from './errors.js';
 import { canonicalTestId } from './logParsers.js';
 import type { TestStatus, TestStatusMap } from './testStatus.js';
 import type { Task } from './tasks.js';
@@ -222,7 +223,7 @@ export function aggregateRunReport(taskIds: readonly string[], outcomes: readonl
   const byId = new Map<string, InstanceOutcome>();
   for (const outcome of outcomes) {
     if (byId.has(outcome.instance_id)) {
-      throw new Error(`aggregateRunReport: instance "${outcome.instance_id}" has more than one outcome`);
+      throw new SweError(`aggregateRunReport: instance "${outcome.instance_id}" has more than one outcome`);
     }
     byId.set(outcome.instance_id, outcome);
   }

@@ -6,6 +6,7 @@
  * work on any machine. Interpreters are found by minisandbox/env's
  * findPython.
  */
+export { SweError } from './errors.js';
 export * from './tasks.js';
 export * from './logParsers.js';
 export * from './grading.js';

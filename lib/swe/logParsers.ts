@@ -4,6 +4,7 @@
  * Entry points: {@link parseTestLog} (markers + auto-detection),
  * {@link LOG_PARSERS} (registry by name) and {@link extractTestOutput}.
  */
+import { SweError } from './errors.js';
 import { parsePytestLog } from './parsers/pytest.js';
 import { parseUnittestLog } from './parsers/unittest.js';
 import type { TestStatusMap } from './testStatus.js';
@@ -32,7 +33,7 @@ export function isLogParserName(name: unknown): name is LogParserName {
 
 export function getLogParser(name: string): LogParser {
   if (!isLogParserName(name)) {
-    throw new Error(`unknown log parser "${name}": known parsers are ${LOG_PARSER_NAMES.join(', ')}`);
+    throw new SweError(`unknown log parser "${name}": known parsers are ${LOG_PARSER_NAMES.join(', ')}`);
   }
   return LOG_PARSERS[name];
 }

@@ -7,6 +7,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { extname } from 'node:path';
+import { SweError } from './errors.js';
 
 export type RecordFileFormat = 'json' | 'jsonl';
 
@@ -46,7 +47,7 @@ export function readTextFile(path: string, what: string): string {
   try {
     return readFileSync(path, 'utf8');
   } catch (err) {
-    throw new Error(`cannot read ${what} file ${path}: ${(err as Error).message}`);
+    throw new SweError(`cannot read ${what} file ${path}: ${(err as Error).message}`);
   }
 }
 
@@ -78,7 +79,7 @@ export function splitRecords(
   try {
     document = JSON.parse(body);
   } catch (err) {
-    throw new Error(`${what} JSON is not valid JSON: ${(err as Error).message}`);
+    throw new SweError(`${what} JSON is not valid JSON: ${(err as Error).message}`);
   }
   if (Array.isArray(document)) {
     return document.map((value, index) => ({ value, index }));
@@ -86,7 +87,7 @@ export function splitRecords(
   if (allowObject && document !== null && typeof document === 'object') {
     return Object.entries(document).map(([key, value], index) => ({ value, index, key }));
   }
-  throw new Error(`${what} JSON must be an array of objects${allowObject ? ' or an object of objects' : ''}, got ${describeType(document)}`);
+  throw new SweError(`${what} JSON must be an array of objects${allowObject ? ' or an object of objects' : ''}, got ${describeType(document)}`);
 }
 
 export function describeType(value: unknown): string {

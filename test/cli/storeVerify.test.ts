@@ -3,7 +3,8 @@ import { chmodSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
-import { openStore, packDirectory } from '../../lib/layers/index.js';
+import { packDirectory } from '../../lib/files/index.js';
+import { openStore } from '../../lib/layers/index.js';
 import { tempDir } from '../helpers.js';
 
 // The CLI as users run it: the built entry point in a real Node process.

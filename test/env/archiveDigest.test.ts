@@ -1,21 +1,24 @@
 /**
- * Extract mode unpacks a layer's kept archive for each sandbox: an archive
- * changed on disk after it was stored (here: swapped for another, valid one)
- * must be refused before anything is unpacked, and `store verify` must say so.
+ * The extraction baseline unpacks a layer's kept archive for each sandbox:
+ * an archive changed on disk after it was stored (here: swapped for
+ * another, valid one) must be refused before anything is unpacked, and
+ * `store verify` must say so.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { readdirSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createExtractedEnvSandbox } from '../../lib/env/extractBaseline.js';
 import { createEnvSandbox, packAsLayer, type Env } from '../../lib/env/index.js';
-import { openStore, packDirectory, type LayerStore } from '../../lib/layers/index.js';
+import { packDirectory } from '../../lib/files/index.js';
+import { openStore, type LayerStore } from '../../lib/layers/index.js';
 import { tempDir } from '../helpers.js';
 
 const CLI = fileURLToPath(new URL('../../dist/lib/cli/main.js', import.meta.url));
 const fileSha = (file: string) => execFileSync('sha256sum', [file], { encoding: 'utf8' }).split(' ')[0]!;
 
-describe('extract mode checks the archive against the layer digest', () => {
+describe('the extraction baseline checks the archive against the layer digest', () => {
   const tmp = tempDir('msbx-envdigest-');
   const state = path.join(tmp.path, 'state');
   let store: LayerStore;
@@ -50,7 +53,7 @@ describe('extract mode checks the archive against the layer digest', () => {
   afterAll(() => tmp.remove());
 
   it('unpacks the archive as stored', async () => {
-    await using sb = await createEnvSandbox(env, { mode: 'extract', stateDir: state });
+    await using sb = await createExtractedEnvSandbox(env, { stateDir: state });
     expect((await sb.exec('cat /opt/venv/marker')).stdout).toBe('good\n');
   });
 
@@ -61,11 +64,11 @@ describe('extract mode checks the archive against the layer digest', () => {
     await packDirectory(evilSrc, archive);
     const evil = fileSha(archive);
     expect(evil).not.toBe(env.venv.digest);
-    await expect(createEnvSandbox(env, { mode: 'extract', stateDir: state })).rejects.toThrow(
+    await expect(createExtractedEnvSandbox(env, { stateDir: state })).rejects.toThrow(
       `layer archive ${archive}: sha256 is ${evil}, not the expected ${env.venv.digest}: the archive changed after it was stored; nothing was unpacked`,
     );
     expect(readdirSync(state)).toEqual([]);
-    // The store's own tree is untouched, so overlay mode still gets the real layer.
+    // The store's own tree is untouched, so an overlay sandbox still gets the real layer.
     await using sb = await createEnvSandbox(env, { stateDir: state });
     expect((await sb.exec('cat /opt/venv/marker')).stdout).toBe('good\n');
   });

@@ -2,7 +2,8 @@ import { execFileSync } from 'node:child_process';
 import { accessSync, constants, mkdirSync, mkdtempSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { extractArchive, openStore } from '../../lib/layers/index.js';
+import { extractArchive } from '../../lib/files/index.js';
+import { openStore } from '../../lib/layers/index.js';
 import { tmpDir } from './helpers.js';
 
 /**

@@ -2,13 +2,14 @@ import { fork, type ChildProcess } from 'node:child_process';
 import { mkdirSync, readdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { acquireLock, IoBudget, openStore, packDirectory } from '../../lib/layers/index.js';
+import { acquireLock, packDirectory } from '../../lib/files/index.js';
+import { IoBudget, openStore } from '../../lib/layers/index.js';
 import { tmpDir, transpiledLayers, writeTree } from './helpers.js';
 
 /** Child process driver: real processes, the same code transpiled to .js. */
 const CHILD = String.raw`
 import path from 'node:path';
-const lib = await import(process.env.LAYERS_JS + '/index.js');
+const lib = { ...(await import(process.env.LIB_JS + '/files/index.js')), ...(await import(process.env.LIB_JS + '/layers/index.js')) };
 const [mode, ...args] = process.argv.slice(2);
 const send = (m) => process.send(m);
 if (mode === 'add') {
@@ -21,6 +22,12 @@ if (mode === 'add') {
   const layer = await store.addArchive(archive, { onProgress: () => progress++ });
   send({ digest: layer.digest, path: layer.path, built: progress > 0, ms: Date.now() - t0 });
   process.exit(0);
+} else if (mode === 'pin-while-alive') {
+  const [root, dir] = args;
+  const store = await lib.openStore({ root });
+  const layer = await store.addDirectory(dir, { pin: { owner: 'build in child', whileAlive: true } });
+  send({ digest: layer.digest });
+  setInterval(() => {}, 1000); // alive until killed
 } else if (mode === 'hold-lock') {
   const lock = await lib.acquireLock(args[0]);
   send({ locked: true });
@@ -52,16 +59,16 @@ if (mode === 'add') {
 
 const t = tmpDir('conc');
 let script = '';
-let layersJs = '';
+let libJs = '';
 beforeAll(() => {
-  layersJs = transpiledLayers(path.join(t.dir, 'js'));
+  libJs = transpiledLayers(path.join(t.dir, 'js'));
   script = path.join(t.dir, 'js', 'child.mjs');
   writeFileSync(script, CHILD);
 });
 afterAll(() => t.cleanup());
 
 function start(args: string[]): { child: ChildProcess; messages: Array<Record<string, unknown>>; next: () => Promise<Record<string, unknown>> } {
-  const child = fork(script, args, { env: { ...process.env, LAYERS_JS: layersJs }, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+  const child = fork(script, args, { env: { ...process.env, LIB_JS: libJs }, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
   const messages: Array<Record<string, unknown>> = [];
   const waiters: Array<(m: Record<string, unknown>) => void> = [];
   child.on('message', (m) => {
@@ -165,6 +172,37 @@ describe('lock: build exactly once across processes', () => {
     await exited(holder.child);
     const lock = await acquireLock(lockPath, { timeoutMs: 2000 });
     await lock.release();
+  });
+});
+
+describe('pins and gc across processes', () => {
+  it("a build's whileAlive pin keeps its layer while the process lives, and goes with it", async () => {
+    const root = path.join(t.dir, 'pin-alive-store');
+    const src = path.join(t.dir, 'pin-alive-src');
+    writeTree(src, { 'a.txt': 'a' });
+    const child = start(['pin-while-alive', root, src]);
+    const { digest } = (await child.next()) as { digest: string };
+    const store = await openStore({ root });
+    expect(await store.gc()).toMatchObject({ removedLayers: [], removedPins: 0 });
+    expect((await store.pins()).map((p) => p.owner)).toEqual(['build in child']);
+    child.child.kill('SIGKILL');
+    await exited(child.child);
+    expect(await store.pins()).toEqual([]);
+    expect(await store.gc()).toMatchObject({ removedLayers: [digest], removedPins: 1 });
+  });
+
+  it('gc never waits on a layer someone holds (a pin being made, a verify): it keeps it for the next run', async () => {
+    const root = path.join(t.dir, 'pin-busy-store');
+    const src = path.join(t.dir, 'pin-busy-src');
+    writeTree(src, { 'b.txt': 'b' });
+    const store = await openStore({ root });
+    const layer = await store.addDirectory(src);
+    const holder = start(['hold-lock', path.join(root, 'locks', `${layer.digest}.lock`)]);
+    await holder.next();
+    expect(await store.gc()).toMatchObject({ removedLayers: [], busyLayers: [layer.digest] });
+    holder.child.kill('SIGKILL');
+    await exited(holder.child);
+    expect(await store.gc()).toMatchObject({ removedLayers: [layer.digest], busyLayers: [] });
   });
 });
 

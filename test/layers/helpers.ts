@@ -24,20 +24,26 @@ export function tmpDir(tag: string): { dir: string; cleanup: () => void } {
 }
 
 /**
- * Child processes (fork) cannot import .ts on Node 20, so transpile
- * lib/layers/*.ts once into plain ESM .js (imports already end in .js).
+ * Child processes (fork) cannot import .ts on Node 20, so transpile the
+ * layer store and what it imports (lib/errors.ts, lib/files, lib/layers)
+ * once into plain ESM .js (imports already end in .js). Returns the
+ * transpiled lib/ directory.
  */
 export function transpiledLayers(outRoot: string): string {
-  const src = path.join(repoRoot, 'lib', 'layers');
-  const out = path.join(outRoot, 'lib', 'layers');
-  mkdirSync(out, { recursive: true });
+  const out = path.join(outRoot, 'lib');
+  mkdirSync(outRoot, { recursive: true });
   writeFileSync(path.join(outRoot, 'package.json'), '{"type":"module"}\n');
-  for (const f of readdirSync(src)) {
-    if (!f.endsWith('.ts')) continue;
-    const js = ts.transpileModule(readFileSync(path.join(src, f), 'utf8'), {
-      compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 },
-    }).outputText;
-    writeFileSync(path.join(out, f.replace(/\.ts$/, '.js')), js);
+  for (const rel of ['errors.ts', 'files', 'layers']) {
+    const src = path.join(repoRoot, 'lib', rel);
+    const files = rel.endsWith('.ts') ? [src] : readdirSync(src).filter((f) => f.endsWith('.ts')).map((f) => path.join(src, f));
+    for (const file of files) {
+      const js = ts.transpileModule(readFileSync(file, 'utf8'), {
+        compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 },
+      }).outputText;
+      const dest = path.join(out, path.relative(path.join(repoRoot, 'lib'), file).replace(/\.ts$/, '.js'));
+      mkdirSync(path.dirname(dest), { recursive: true });
+      writeFileSync(dest, js);
+    }
   }
   return out;
 }

@@ -2,7 +2,8 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, statSync, symlinkSync, utimesSync, writeFileSync, chmodSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { defaultStoreRoot, openStore, packDirectory, walkTreeForTest } from './storeHelpers.js';
+import { packDirectory } from '../../lib/files/index.js';
+import { defaultStoreRoot, openStore } from '../../lib/layers/index.js';
 import { py, tmpDir, writeTree } from './helpers.js';
 
 const t = tmpDir('store');
@@ -140,6 +141,42 @@ with tarfile.open(sys.argv[1],'w') as tf:
     expect(readdirSync(path.join(root, 'layers'))).toEqual([]);
   });
 
+  it('pins: gc keeps what a pin names, remove refuses it, unpin lets it go; a missing layer cannot be pinned', async () => {
+    const root = path.join(t.dir, 'store-pins');
+    const store = await openStore({ root });
+    const add = async (name: string, pin?: string) => {
+      const dir = path.join(t.dir, `pin-src-${name}`);
+      writeTree(dir, { [`${name}.txt`]: name });
+      return store.addDirectory(dir, pin ? { pin } : {});
+    };
+    const [a, b, c] = [await add('a'), await add('b'), await add('c', 'app two')];
+    await store.pin('app one', [a.digest], { label: 'app one (test)' });
+    expect((await store.pins()).map((p) => [p.owner, p.label, p.digests])).toEqual([
+      ['app one', 'app one (test)', [a.digest]],
+      ['app two', 'app two', [c.digest]],
+    ]);
+    await expect(store.remove(a.digest)).rejects.toThrow(`remove layer ${a.digest}: in use by app one (test); unpin it first`);
+
+    const g1 = await store.gc();
+    expect(g1.removedLayers).toEqual([b.digest]);
+    expect(g1.busyLayers).toEqual([]);
+    expect((await store.list()).map((l) => l.digest).sort()).toEqual([a.digest, c.digest].sort());
+
+    // Pins add up; a layer not in the store is refused by name and changes nothing.
+    await store.pin('app one', [c.digest]);
+    expect((await store.pins())[0]).toMatchObject({ owner: 'app one', label: 'app one (test)', digests: [a.digest, c.digest].sort() });
+    await expect(store.pin('app one', [b.digest])).rejects.toThrow(`pin "app one": layer ${b.digest} is not in the store ${root}`);
+    expect((await store.pins())[0]!.digests).toEqual([a.digest, c.digest].sort());
+    await expect(store.pin('', [a.digest])).rejects.toThrow('pin owner "": must be a non-empty string');
+
+    expect(await store.unpin('app one')).toBe(true);
+    expect(await store.unpin('app one')).toBe(false);
+    expect((await store.gc()).removedLayers).toEqual([a.digest]); // c is still app two's
+    expect(await store.unpin('app two')).toBe(true);
+    expect((await store.gc()).removedLayers).toEqual([c.digest]);
+    expect(readdirSync(path.join(root, 'layers'))).toEqual([]);
+  });
+
   it('gc removes staging dirs of dead processes only', async () => {
     const root = path.join(t.dir, 'store-gc');
     const store = await openStore({ root });
@@ -150,6 +187,5 @@ with tarfile.open(sys.argv[1],'w') as tf:
     const r = await store.gc({ inUse: [] });
     expect(r.removedStaging).toBe(1);
     expect(existsSync(dead)).toBe(false);
-    void walkTreeForTest;
   });
 });

@@ -6,7 +6,8 @@ import { execFileSync } from 'node:child_process';
 import { chmodSync, lstatSync, mkdirSync, readFileSync, rmSync, statSync, symlinkSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeEach, describe, expect, it } from 'vitest';
-import { describeProblem, extractArchive, openStore, packDirectory, type Layer, type LayerStore } from '../../lib/layers/index.js';
+import { extractArchive, packDirectory } from '../../lib/files/index.js';
+import { describeProblem, openStore, type Layer, type LayerStore } from '../../lib/layers/index.js';
 import { tmpDir, writeTree } from './helpers.js';
 
 const t = tmpDir('verify');

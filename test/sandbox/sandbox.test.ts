@@ -3,6 +3,7 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigError, Sandbox, collectGarbage } from '../../lib/index.js';
+import { SessionExistsError, type ShellSession } from '../../lib/shell/index.js';
 import { hostPidsMatching, tempDir, uniqueSleep, waitFor } from '../helpers.js';
 
 // Each test file gets its own state dir, so gc in one never races another.
@@ -47,6 +48,24 @@ describe('a persistent sandbox', () => {
     const r = await sh.run('pwd; greet world');
     expect(r).toMatchObject({ output: '/tmp\nhello world\n', exitCode: 0 });
     await sh.close();
+  });
+
+  it('names sessions uniquely, as SWE-ReX (and the server, which uses these) does', async () => {
+    const [first, racer] = await Promise.allSettled([sb.shell({ name: 'main' }), sb.shell({ name: 'main' })]);
+    expect(first.status).toBe('fulfilled');
+    expect(racer).toMatchObject({ status: 'rejected', reason: { name: 'SessionExistsError', code: 'MSBX_SESSION_EXISTS', message: 'session main already exists' } });
+    await expect(sb.shell({ name: 'main' })).rejects.toBeInstanceOf(SessionExistsError);
+    const main = sb.session('main')!;
+    expect(main).toBe((first as PromiseFulfilledResult<ShellSession>).value);
+    expect(sb.sessionNames).toEqual(['main']);
+    // A shell that exited keeps its name until it is taken again: it could never run anything.
+    await main.run('exit', { check: 'ignore' }).catch(() => undefined);
+    expect(await waitFor(() => main.isClosed)).toBe(true);
+    const again = await sb.shell({ name: 'main' });
+    expect((await again.run('echo again')).output).toBe('again\n');
+    expect(await sb.closeSession('main')).toBe(true);
+    expect(await sb.closeSession('main')).toBe(false);
+    expect(sb.session('main')).toBeUndefined();
   });
 
   it('interrupts a session command at its timeout and the session stays usable', async () => {

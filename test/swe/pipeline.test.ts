@@ -3,9 +3,10 @@
  * real venvs, real pytest runs. Runs as root and as an unprivileged user
  * (CI runs the suite both ways).
  */
-import { existsSync, readdirSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildEnv, EnvError, listEnvs, loadEnv, removeEnv } from '../../lib/env/index.js';
 import { openStore } from '../../lib/layers/store.js';
 import { createDemoTaskSet, type DemoTaskSet } from '../../lib/swe/demo/index.js';
 import { evaluate } from '../../lib/swe/pipeline/evaluate.js';
@@ -175,4 +176,37 @@ suite('evaluate', () => {
     expect(leftovers).toEqual([]);
     expect(ownSandboxInits()).toEqual([]);
   });
+});
+
+suite('the store after prepare, used as a library', () => {
+  it('store.gc() keeps every layer prepared tasks and envs use; after removeEnv the env goes', async () => {
+    const store = await openStore({ root: join(dir.path, 'store') });
+    const task = demo.tasks[0]!;
+    // An env a user builds themselves, next to what prepare built, and a layer nothing uses.
+    const own = await buildEnv({ python: pytestPython!.path, name: 'mine', repo: { source: task.repo_path!, commit: task.base_commit } }, { store, stateDir });
+    const strayDir = join(dir.path, 'stray');
+    mkdirSync(strayDir);
+    writeFileSync(join(strayDir, 'x.txt'), 'nobody uses this');
+    const stray = await store.addDirectory(strayDir);
+
+    const gc = await store.gc();
+    expect(gc.removedLayers).toEqual([stray.digest]);
+    const inUse = [...prep.prepared.values()].flatMap((p) => [p.env.venvDigest, p.env.repoDigest]);
+    for (const d of [...inUse, own.venv.digest, own.repo!.digest]) expect(await store.get(d), d).toBeDefined();
+    const labels = (await store.pins()).map((p) => p.label);
+    expect(labels.filter((l) => l.startsWith('prepared repo '))).toHaveLength(demo.tasks.length);
+    expect(labels).toContain(`env ${own.id} (mine)`);
+    // What prepare built still serves: the gold patch resolves.
+    const r = await evaluate(task, task.patch, { prepared: prep.prepared.get(task.instance_id)!, sandbox: sandbox() });
+    expect(r.reward.reason).toBe('all tests pass');
+
+    await removeEnv(own.id, { store });
+    await expect(loadEnv(own.id, { store })).rejects.toThrow(EnvError);
+    expect((await listEnvs({ store })).map((e) => e.id)).not.toContain(own.id);
+    const after = await store.gc();
+    // Both its layers are its own (its repo layer is packed from an archive, prepare's from a directory).
+    expect(after.removedLayers.sort()).toEqual([own.venv.digest, own.repo!.digest].sort());
+    for (const d of inUse) expect(await store.get(d), d).toBeDefined();
+    await expect(removeEnv(own.id, { store })).rejects.toThrow(`env ${own.id}: no such env in the store ${store.root}`);
+  }, 120_000);
 });

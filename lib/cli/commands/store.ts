@@ -1,46 +1,37 @@
 /** `minisandbox store ls | du | gc | verify`: the layer store, its sizes, its users and its integrity. */
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { envsDir, listEnvs } from '../../env/index.js';
-import { describeProblem, normalizeDigest, openStore, type LayerCheck, type LayerStore } from '../../layers/index.js';
-import { fileSha256 } from '../../layers/verify.js';
-import { listRefs } from '../../swe/pipeline/index.js';
+import { envsDir } from '../../env/index.js';
+import { describeProblem, openStore, type LayerCheck, type LayerStore } from '../../layers/index.js';
+import { fileSha256 } from '../../files/hash.js';
+import { formatBytes } from '../../format.js';
 import { UsageError } from '../args.js';
 
 export const STORE_HELP = `Usage: minisandbox store ls|du|gc [--store DIR] [--json]
        minisandbox store verify [LAYER...] [--store DIR] [--json]
 
-  ls      every layer: digest, files, size, source, and who uses it
-          (environments built with 'env build', tasks prepared with 'prepare')
+  ls      every layer: digest, files, size, source, and who uses it: the
+          store's pins (environments, tasks prepared with 'prepare', builds
+          in progress)
   du      apparent size, real disk use, and what deduplication saves
-  gc      remove the layers nothing uses (and unreferenced file objects)
+  gc      remove the layers no pin names (and unreferenced file objects)
   verify  re-hash every layer (or each LAYER: a digest or a unique prefix of
           one, as 'ls' shows) and compare its tree with what was recorded
           when it was built: each file's content, size, mode and mtime, each
           symlink's target, nothing missing or added. Also re-hash each kept
-          environment archive (<store>/envs/archives, what extract mode
-          unpacks) against its digest. Prints every difference with the layer
+          environment archive (<store>/envs/archives) against its digest. Prints every difference with the layer
           or archive it is in; exits 1 if anything differs or a layer cannot
           be checked (built before listings were recorded), 0 otherwise.
 
 Default store: $XDG_CACHE_HOME/minisandbox/store or ~/.cache/minisandbox/store.`;
 
-const mib = (n: number) => `${(n / 1024 / 1024).toFixed(1)} MiB`;
 
-/** digest -> who uses it ("env <id>", "prepare venv <description>"...). */
+/** digest -> who uses it, as the store's pins say ("env <id> (name)", "prepared repo <repo>@<commit>"...). */
 async function layerUsers(store: LayerStore): Promise<Map<string, string[]>> {
   const users = new Map<string, string[]>();
-  const add = (digest: string, who: string) => {
-    const d = normalizeDigest(digest);
-    users.set(d, [...(users.get(d) ?? []), who]);
-  };
-  for (const env of await listEnvs({ store })) {
-    const label = `env ${env.id}${env.name ? ` (${env.name})` : ''}`;
-    add(env.venv.digest, `${label} venv`);
-    if (env.repo) add(env.repo.digest, `${label} repo`);
+  for (const pin of await store.pins()) {
+    for (const d of pin.digests) users.set(d, [...(users.get(d) ?? []), pin.label]);
   }
-  // A ref's description names its kind already ("repo owner/name@commit").
-  for (const { ref } of listRefs(store)) add(ref.digest, `prepared ${ref.description}`);
   return users;
 }
 
@@ -81,7 +72,7 @@ async function verifyArchives(store: LayerStore, only: Set<string> | undefined):
 }
 
 function layerReport(c: LayerCheck): string {
-  const head = `${c.status === 'ok' ? 'ok      ' : c.status === 'mismatch' ? 'MISMATCH' : 'UNCHECKED'} layer ${c.digest}  ${c.files} files  ${mib(c.bytes)}  ${c.source}\n`;
+  const head = `${c.status === 'ok' ? 'ok      ' : c.status === 'mismatch' ? 'MISMATCH' : 'UNCHECKED'} layer ${c.digest}  ${c.files} files  ${formatBytes(c.bytes)}  ${c.source}\n`;
   const lines = c.problems.map((p) => `  layer ${c.digest}: ${describeProblem(p)}\n`);
   if (c.reason) lines.push(`  layer ${c.digest}: cannot verify: ${c.reason}\n`);
   return head + lines.join('');
@@ -107,23 +98,23 @@ export async function storeCommand(args: string[]): Promise<number> {
         files: l.manifest.fileCount,
         bytes: l.manifest.size,
         source: l.manifest.source,
-        users: users.get(normalizeDigest(l.digest)) ?? [],
+        users: users.get(l.digest) ?? [],
       }));
       const text = layers
-        .map((l) => `${l.digest.slice(0, 12)}  ${String(l.files).padStart(7)} files  ${mib(l.bytes).padStart(10)}  ${l.source}\n    used by: ${l.users.join('; ') || 'nothing'}\n`)
+        .map((l) => `${l.digest.slice(0, 12)}  ${String(l.files).padStart(7)} files  ${formatBytes(l.bytes).padStart(10)}  ${l.source}\n    used by: ${l.users.join('; ') || 'nothing'}\n`)
         .join('');
       print(layers, text || 'no layers\n');
       return 0;
     }
     case 'du': {
       const du = await store.du();
-      print(du, `${du.layers} layers, ${du.objects} shared file objects\napparent ${mib(du.apparentBytes)}, on disk ${mib(du.diskBytes)}; deduplication saves ${mib(du.savedBytes)} (files stored once for every layer that holds them)\nstore: ${store.root}\n`);
+      print(du, `${du.layers} layers, ${du.objects} shared file objects\napparent ${formatBytes(du.apparentBytes)}, on disk ${formatBytes(du.diskBytes)}; deduplication saves ${formatBytes(du.savedBytes)} (files stored once for every layer that holds them)\nstore: ${store.root}\n`);
       return 0;
     }
     case 'gc': {
-      const users = await layerUsers(store);
-      const r = await store.gc({ inUse: users.keys() });
-      print(r, `removed ${r.removedLayers.length} unused layer(s), ${r.removedObjects} file object(s), ${r.removedStaging} staging dir(s)\n`);
+      const r = await store.gc();
+      const busy = r.busyLayers.length > 0 ? `; ${r.busyLayers.length} unused layer(s) kept, in use at that moment` : '';
+      print(r, `removed ${r.removedLayers.length} unused layer(s), ${r.removedObjects} file object(s), ${r.removedStaging} staging dir(s)${busy}\n`);
       return 0;
     }
     case 'verify': {

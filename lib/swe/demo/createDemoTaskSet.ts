@@ -6,6 +6,7 @@
  */
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
+import { SweError } from '../errors.js';
 import type { Prediction } from '../predictions.js';
 import type { Task } from '../tasks.js';
 import { renderBuildBackend, renderPyproject } from './buildFiles.js';
@@ -64,7 +65,7 @@ function diffOf(repoDir: string, files: Record<string, string>): string {
   const diff = git(repoDir, ['diff', '--cached', '--no-color', '--no-ext-diff', 'HEAD']);
   git(repoDir, ['reset', '-q', '--hard', 'HEAD']);
   git(repoDir, ['clean', '-q', '-fdx']);
-  if (diff.trim() === '') throw new Error(`demo repo ${repoDir}: patch files produce an empty diff`);
+  if (diff.trim() === '') throw new SweError(`demo repo ${repoDir}: patch files produce an empty diff`);
   return diff;
 }
 
@@ -125,7 +126,7 @@ export function createDemoTaskSet(dir: string): DemoTaskSet {
     const relativeRepo = join('repos', spec.name);
     const repoDir = join(root, relativeRepo);
     if (existsSync(repoDir)) {
-      throw new Error(`createDemoTaskSet: ${repoDir} already exists; use an empty directory`);
+      throw new SweError(`createDemoTaskSet: ${repoDir} already exists; use an empty directory`);
     }
     const baseCommit = buildRepository(spec, repoDir);
     const patch = diffOf(repoDir, spec.fixFiles);

@@ -5,6 +5,7 @@
  * or autocrlf settings cannot alter the repositories.
  */
 import { execFileSync } from 'node:child_process';
+import { SweError } from '../errors.js';
 
 const FIXED_DATE = '2024-03-01T12:00:00+00:00';
 
@@ -34,6 +35,6 @@ export function git(cwd: string, args: string[]): string {
     });
   } catch (err) {
     const e = err as Error & { stderr?: string };
-    throw new Error(`git ${args.join(' ')} failed in ${cwd}: ${(e.stderr ?? '').trim() || e.message}`);
+    throw new SweError(`git ${args.join(' ')} failed in ${cwd}: ${(e.stderr ?? '').trim() || e.message}`);
   }
 }

@@ -5,6 +5,7 @@
  * between markers. stderr is merged into stdout (`exec 2>&1`) so the log
  * interleaves as SWE-bench's test_output.txt does.
  */
+import { shQuote } from '../../shell/text.js';
 import { END_TEST_OUTPUT, START_TEST_OUTPUT } from '../logParsers.js';
 import type { Task } from '../tasks.js';
 import { TESTBED } from './types.js';
@@ -34,11 +35,6 @@ export const APPLY_COMMANDS = [
   `patch --batch --fuzz=5 -p1 -i ${PATCH_FILE}`,
 ] as const;
 
-/** Single-quotes a word for sh. */
-export function shellQuote(word: string): string {
-  return `'${word.replace(/'/g, `'\\''`)}'`;
-}
-
 /**
  * Files a diff modifies that existed before it ("--- a/path"): the ones
  * `git checkout base -- files` can restore. New files (--- /dev/null) are
@@ -53,20 +49,20 @@ export function modifiedFiles(diff: string): string[] {
 /** Applies /tmp/patch.diff; prints APPLY_OK or APPLY_FAILED; exit 0 iff applied. */
 export function applyScript(): string {
   const attempts = APPLY_COMMANDS.map(
-    (cmd) => `if ${cmd}; then echo ${shellQuote(`${APPLY_OK} (${cmd.replace(` ${PATCH_FILE}`, '')})`)}; exit 0; fi`,
+    (cmd) => `if ${cmd}; then echo ${shQuote(`${APPLY_OK} (${cmd.replace(` ${PATCH_FILE}`, '')})`)}; exit 0; fi`,
   );
-  return ['exec 2>&1', `cd ${TESTBED}`, ...attempts, `echo ${shellQuote(APPLY_FAILED)}`, 'exit 1', ''].join('\n');
+  return ['exec 2>&1', `cd ${TESTBED}`, ...attempts, `echo ${shQuote(APPLY_FAILED)}`, 'exit 1', ''].join('\n');
 }
 
 /** Restores the test files, applies test_patch; exit 0 iff it applied. */
 export function testPatchScript(task: Pick<Task, 'base_commit' | 'test_patch'>): string {
-  const files = modifiedFiles(task.test_patch).map(shellQuote).join(' ');
+  const files = modifiedFiles(task.test_patch).map(shQuote).join(' ');
   return [
     'exec 2>&1',
     'set -x',
     `cd ${TESTBED}`,
     ...(files ? [`git checkout ${task.base_commit} -- ${files}`] : []),
-    `git apply --verbose ${TEST_PATCH_FILE} || { echo ${shellQuote(TEST_PATCH_FAILED)}; exit 1; }`,
+    `git apply --verbose ${TEST_PATCH_FILE} || { echo ${shQuote(TEST_PATCH_FAILED)}; exit 1; }`,
     '',
   ].join('\n');
 }

@@ -6,6 +6,7 @@
  * result), the sandbox is always closed, and nothing an evaluation writes
  * outlives it (every write lands in the sandbox's private overlay layer).
  */
+import { SweError } from '../errors.js';
 import { gradeInstance, isPatchEmpty, type InstanceReport, type Reward } from '../grading.js';
 import { parseTestLog } from '../logParsers.js';
 import type { Task } from '../tasks.js';
@@ -146,7 +147,7 @@ async function runSteps(sb: TaskSandbox, task: Task, patch: string | null, opts:
   const files: Array<[string, string]> = [...(patch !== null ? [[PATCH_FILE, patch] as [string, string]] : []), [TEST_PATCH_FILE, task.test_patch]];
   for (const [file, text] of files) {
     const w = await sb.exec(['/bin/sh', '-c', 'cat > "$1"', 'sh', file], { input: text, timeout: setupTimeout, ...signal });
-    if (w.exitCode !== 0) throw new Error(`writing ${file}: ${w.stderr.trim() || `exit ${w.exitCode}`}`);
+    if (w.exitCode !== 0) throw new SweError(`writing ${file}: ${w.stderr.trim() || `exit ${w.exitCode}`}`);
   }
   if (patch !== null) {
     const apply = await bash(applyScript(), setupTimeout);

@@ -3,7 +3,6 @@ export { TESTBED, type PreparedTask, type PreparedEnvInfo, type PrepareProgress,
 export { TaskEnvs, type TaskEnvOptions } from './taskEnvs.js';
 export { prepareTasks, checkTaskForPrepare, type PrepareOptions, type PrepareResult, type PrepareFailure, type PrepareSummary } from './prepare.js';
 export { evaluate, runTaskTests, type EvaluateOptions, type EvalResult, type EvalTimings, type TestRun } from './evaluate.js';
-export { listRefs, type LayerRef, type RefKind } from './refs.js';
 export { APPLY_COMMANDS, modifiedFiles, applyScript, testPatchScript, testScript } from './evalScript.js';
 export { evaluateAll, summarizeTimings, overheadOf, type EvaluateAllOptions, type EvaluateAllResult, type EvalRunReport, type TimingSummary } from './runReport.js';
 export { createProgress, type ProgressLine } from './progress.js';

@@ -6,7 +6,7 @@
  */
 import type { Env } from '../../env/index.js';
 import type { Task } from '../tasks.js';
-import { createLimiter } from './limit.js';
+import { createLimiter } from '../../files/limit.js';
 import { TaskEnvs, type TaskEnvOptions } from './taskEnvs.js';
 import type { PrepareProgress, PreparedTask, PrepareStage } from './types.js';
 

@@ -4,13 +4,15 @@
  * build, so without this index every run would rebuild to find out.
  *
  * Layout: <store root>/refs/swe/<kind>/<key>.json, next to (never inside)
- * the store's own layers/objects/staging/locks directories. A ref whose
- * layer was removed from the store is ignored (and rebuilt).
+ * the store's own directories. A ref is a name, not a use: what keeps its
+ * layer from gc is the store's pin (the env's for a venv, `swe repo <key>`
+ * for a repo). A ref whose layer was removed from the store is ignored (and
+ * rebuilt).
  */
-import { createHash } from 'node:crypto';
-import { mkdirSync, readdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { acquireLock, type FileLock } from '../../layers/lock.js';
+import { sha256Hex } from '../../files/hash.js';
+import { acquireLock, type FileLock } from '../../files/lock.js';
 import type { Layer, LayerStore } from '../../layers/store.js';
 
 export type RefKind = 'venv' | 'repo';
@@ -24,7 +26,7 @@ export interface LayerRef {
 }
 
 export function hashKey(parts: unknown): string {
-  return createHash('sha256').update(JSON.stringify(parts)).digest('hex');
+  return sha256Hex(JSON.stringify(parts));
 }
 
 function refDir(store: LayerStore, kind: RefKind): string {
@@ -57,27 +59,4 @@ export function lockRef(store: LayerStore, kind: RefKind, key: string, signal?: 
   const dir = join(refDir(store, kind), 'locks');
   mkdirSync(dir, { recursive: true });
   return acquireLock(join(dir, `${key}.lock`), { what: `${kind} ${key.slice(0, 12)}`, ...(signal ? { signal } : {}) });
-}
-
-/** Every ref of the prepare pipeline: the layers it keeps using, and why. */
-export function listRefs(store: LayerStore): { kind: RefKind; key: string; ref: LayerRef }[] {
-  const out: { kind: RefKind; key: string; ref: LayerRef }[] = [];
-  for (const kind of ['venv', 'repo'] as const) {
-    let names: string[];
-    try {
-      names = readdirSync(refDir(store, kind));
-    } catch {
-      continue;
-    }
-    for (const name of names) {
-      if (!name.endsWith('.json') || name.startsWith('.')) continue;
-      try {
-        const ref = JSON.parse(readFileSync(join(refDir(store, kind), name), 'utf8')) as LayerRef;
-        out.push({ kind, key: name.slice(0, -5), ref });
-      } catch {
-        // torn or foreign file: not a user
-      }
-    }
-  }
-  return out;
 }

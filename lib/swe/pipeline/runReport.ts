@@ -8,7 +8,7 @@ import { aggregateRunReport, type InstanceOutcome, type InstanceReport, type Rew
 import type { Prediction } from '../predictions.js';
 import type { Task } from '../tasks.js';
 import { evaluate, type EvalResult, type EvalTimings } from './evaluate.js';
-import { createLimiter } from './limit.js';
+import { createLimiter } from '../../files/limit.js';
 import type { PrepareFailure } from './prepare.js';
 import type { PreparedTask, SandboxRequest } from './types.js';
 

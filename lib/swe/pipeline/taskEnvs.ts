@@ -178,7 +178,14 @@ export class TaskEnvs {
       const again = await readRef(store, 'repo', key);
       if (again) return { value: again.layer, reused: true };
       const { env: lib } = await sandboxLibraries();
-      const repo = await lib.buildRepo(source, task.base_commit, { store, repoPath: TESTBED, keepArchive: false, ...(opts.signal ? { signal: opts.signal } : {}) });
+      const repo = await lib.buildRepo(source, task.base_commit, {
+        store,
+        repoPath: TESTBED,
+        keepArchive: false,
+        // The prepared tasks' use of the layer, which gc respects.
+        pin: { owner: `swe repo ${key}`, label: `prepared repo ${task.repo}@${task.base_commit}` },
+        ...(opts.signal ? { signal: opts.signal } : {}),
+      });
       writeRef(store, 'repo', key, { digest: repo.layer.digest, description: `repo ${task.repo}@${repo.commit}`, created: new Date().toISOString(), commit: repo.commit });
       return { value: repo.layer, reused: false };
     } finally {

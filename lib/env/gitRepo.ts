@@ -1,7 +1,7 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { LayerError } from './errors.js';
-import { run } from './proc.js';
+import { run } from '../files/proc.js';
+import { EnvError } from './errors.js';
 
 export interface PackRepoOptions {
   /** Directory to create the checkout in (must not exist, or be empty). */
@@ -40,12 +40,12 @@ const git = (args: string[], cwd: string | undefined, what: string) =>
  */
 export async function packRepoLayer(repo: string, commit: string, opts: PackRepoOptions): Promise<RepoLayerInfo> {
   if (!/^[0-9a-fA-F]{4,64}$/.test(commit) && !/^[\w./-]+$/.test(commit))
-    throw new LayerError(`git repo ${repo}: bad commit name ${JSON.stringify(commit)}`);
+    throw new EnvError(`git repo ${repo}: bad commit name ${JSON.stringify(commit)}`);
   const isUrl = /^[a-z][a-z0-9+.-]*:\/\//i.test(repo) || /^[^/]+@[^/]+:/.test(repo);
   const source = isUrl ? repo : path.resolve(repo);
   const dest = path.resolve(opts.dest);
   await fsp.mkdir(dest, { recursive: true });
-  if ((await fsp.readdir(dest)).length > 0) throw new LayerError(`git repo ${repo}: destination ${dest} is not empty`);
+  if ((await fsp.readdir(dest)).length > 0) throw new EnvError(`git repo ${repo}: destination ${dest} is not empty`);
 
   await git(['clone', '--quiet', '--no-checkout', '--no-hardlinks', source, dest], undefined, `git repo ${repo}: clone`);
   let sha: string;
@@ -58,7 +58,7 @@ export async function packRepoLayer(repo: string, commit: string, opts: PackRepo
       await git(['fetch', '--quiet', 'origin', commit], dest, 'fetch');
       sha = (await git(['rev-parse', '--verify', '--quiet', `FETCH_HEAD^{commit}`], dest, 'rev-parse')).stdout.trim();
     } catch {
-      throw new LayerError(`git repo ${repo}: commit ${commit} not found (not in the repository or not a commit)`);
+      throw new EnvError(`git repo ${repo}: commit ${commit} not found (not in the repository or not a commit)`);
     }
   }
   await git(['checkout', '--quiet', '--detach', sha], dest, `git repo ${repo}: checkout ${commit}`);
@@ -84,7 +84,7 @@ export async function packRepoLayer(repo: string, commit: string, opts: PackRepo
   // rewrites the index now: later than every file's (commit-time) mtime.
   await git(['update-index', '-q', '--really-refresh'], dest, `git repo ${repo}: refresh index`).catch(() => undefined);
   const status = (await git(['status', '--porcelain'], dest, `git repo ${repo}: status`)).stdout;
-  if (status.trim() !== '') throw new LayerError(`git repo ${repo}: checkout of ${commit} is not clean:\n${status}`);
+  if (status.trim() !== '') throw new EnvError(`git repo ${repo}: checkout of ${commit} is not clean:\n${status}`);
   return { dir: dest, commit: sha };
 }
 

@@ -1,5 +1,5 @@
 import { Transform, type TransformCallback } from 'node:stream';
-import { LayerError } from './errors.js';
+import { FileError } from './errors.js';
 
 /**
  * Streaming tar header checker.
@@ -114,7 +114,7 @@ export class TarChecker extends Transform {
 
   override _flush(cb: TransformCallback): void {
     if (!this.ended && (this.skip > 0 || this.collecting || this.buf.length > 0)) {
-      cb(new LayerError(`${this.label}: truncated tar stream at byte ${this.offset}`));
+      cb(new FileError(`${this.label}: truncated tar stream at byte ${this.offset}`));
       return;
     }
     try {
@@ -167,7 +167,7 @@ export class TarChecker extends Transform {
 
   private fail(member: string | undefined, reason: string): never {
     const what = member === undefined ? '' : ` member ${displayName(member)}`;
-    throw new LayerError(`${this.label}:${what} ${reason}`);
+    throw new FileError(`${this.label}:${what} ${reason}`);
   }
 
   private header(block: Buffer): void {
@@ -491,7 +491,7 @@ function parsePax(data: Buffer, bad: (why: string) => never): Map<string, string
 }
 
 /** Member name for messages: the bytes as UTF-8, control characters escaped. */
-export function displayName(latin1: string): string {
+function displayName(latin1: string): string {
   return printable(Buffer.from(latin1, 'latin1').toString('utf8'));
 }
 

@@ -1,7 +1,7 @@
 import { spawn } from 'node:child_process';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { LayerError } from './errors.js';
+import { FileError } from './errors.js';
 
 /**
  * Cross-process exclusive lock on a file, held by a `flock(1)` child process.
@@ -32,24 +32,35 @@ export interface LockOptions {
 }
 
 export async function acquireLock(lockPath: string, opts: LockOptions = {}): Promise<FileLock> {
+  const wait = opts.timeoutMs === undefined ? [] : ['-w', String(Math.max(0, opts.timeoutMs) / 1000)];
+  const lock = await holdLock(lockPath, wait, opts);
+  if (!lock) throw new FileError(`${opts.what ?? `lock ${lockPath}`}: timed out after ${opts.timeoutMs} ms waiting for ${lockPath} (held by another process)`);
+  return lock;
+}
+
+/** The lock if nobody holds it right now, else undefined at once (flock -n). */
+export function tryLock(lockPath: string, opts: Omit<LockOptions, 'timeoutMs'> = {}): Promise<FileLock | undefined> {
+  return holdLock(lockPath, ['-n'], opts);
+}
+
+/** Undefined when flock gave up waiting (`wait` is -w or -n). */
+async function holdLock(lockPath: string, wait: string[], opts: LockOptions): Promise<FileLock | undefined> {
   await fsp.mkdir(path.dirname(lockPath), { recursive: true });
   const what = opts.what ?? `lock ${lockPath}`;
-  const args = ['-x'];
-  if (opts.timeoutMs !== undefined) args.push('-w', String(Math.max(0, opts.timeoutMs) / 1000));
-  // -E 75: distinct exit status for "timed out" vs other failures.
-  args.push('-E', '75', lockPath, 'sh', '-c', 'echo locked; exec cat >/dev/null');
+  // -E 75: distinct exit status for "gave up waiting" vs other failures.
+  const args = ['-x', ...wait, '-E', '75', lockPath, 'sh', '-c', 'echo locked; exec cat >/dev/null'];
   const child = spawn('flock', args, { stdio: ['pipe', 'pipe', 'pipe'] });
   let stderr = '';
   child.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
   const closed = new Promise<void>((resolve) => child.once('close', () => resolve()));
 
-  await new Promise<void>((resolve, reject) => {
+  const locked = await new Promise<boolean>((resolve, reject) => {
     let done = false;
     const onAbort = (): void => {
       if (done) return;
       done = true;
       child.kill('SIGKILL');
-      reject(new LayerError(`${what}: waiting for ${lockPath} aborted`));
+      reject(new FileError(`${what}: waiting for ${lockPath} aborted`));
     };
     opts.signal?.addEventListener('abort', onAbort, { once: true });
     if (opts.signal?.aborted) onAbort();
@@ -57,22 +68,22 @@ export async function acquireLock(lockPath: string, opts: LockOptions = {}): Pro
       if (done) return;
       done = true;
       opts.signal?.removeEventListener('abort', onAbort);
-      resolve();
+      resolve(true);
     });
     child.once('error', (e) => {
       if (done) return;
       done = true;
-      reject(new LayerError(`${what}: cannot run flock(1) (util-linux) for ${lockPath}: ${e.message}`));
+      reject(new FileError(`${what}: cannot run flock(1) (util-linux) for ${lockPath}: ${e.message}`));
     });
     child.once('close', (code) => {
       if (done) return;
       done = true;
       opts.signal?.removeEventListener('abort', onAbort);
-      if (code === 75)
-        reject(new LayerError(`${what}: timed out after ${opts.timeoutMs} ms waiting for ${lockPath} (held by another process)`));
-      else reject(new LayerError(`${what}: flock ${lockPath} failed (exit ${code}): ${stderr.trim()}`));
+      if (code === 75) resolve(false);
+      else reject(new FileError(`${what}: flock ${lockPath} failed (exit ${code}): ${stderr.trim()}`));
     });
   });
+  if (!locked) return undefined;
   // The holder must not keep this process's event loop alive on its own.
   child.unref();
   (child.stdin as unknown as { unref?: () => void }).unref?.();

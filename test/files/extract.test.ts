@@ -2,8 +2,8 @@ import { execFileSync } from 'node:child_process';
 import { createReadStream, existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, symlinkSync, linkSync, utimesSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { extractArchive, extractUntrusted, packDirectory, LayerError } from '../../lib/layers/index.js';
-import { py, tmpDir, writeTree } from './helpers.js';
+import { extractArchive, extractUntrusted, FileError, packDirectory } from '../../lib/files/index.js';
+import { py, tmpDir, writeTree } from '../layers/helpers.js';
 
 /**
  * Python's tarfile writes any member name we ask for, so it builds the
@@ -194,7 +194,7 @@ describe('extractArchive: hostile archives', () => {
           () => undefined,
           (e: unknown) => e,
         );
-        expect(err).toBeInstanceOf(LayerError);
+        expect(err).toBeInstanceOf(FileError);
         const msg = (err as Error).message;
         expect(msg).toContain(`layer archive ${file}: member ${fix(c.member)}`);
         expect(msg).toMatch(c.reason);
@@ -326,7 +326,7 @@ describe('extractUntrusted: a tree for the host, all or nothing', () => {
   for (const c of refused) {
     it(`refuses ${c.title} and leaves nothing behind`, async () => {
       const { dir, err } = await unpack([{ type: 'dir', name: '.' }, ...filler, ...c.specs, { type: 'file', name: './z', data: 'z' }]);
-      expect(err).toBeInstanceOf(LayerError);
+      expect(err).toBeInstanceOf(FileError);
       expect(err!.message).toBe(`download /w: ${c.message}`);
       expect(readdirSync(dir)).toEqual([]);
     });

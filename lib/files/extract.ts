@@ -4,7 +4,8 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { Transform, type Readable, type TransformCallback } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { LayerError, errnoCode } from './errors.js';
+import { codeOf } from '../errors.js';
+import { FileError } from './errors.js';
 import { removeTree } from './fsTree.js';
 import { TarChecker } from './tarCheck.js';
 
@@ -79,20 +80,20 @@ export async function extractArchive(archive: string, dest: string, opts: Extrac
   const label = `layer archive ${archive}`;
   const want = opts.expectDigest === undefined ? undefined : opts.expectDigest.replace(/^sha256:/, '');
   if (want !== undefined && !/^[0-9a-f]{64}$/.test(want))
-    throw new LayerError(`${label}: expected digest ${JSON.stringify(opts.expectDigest)} is not a sha256 hex digest`);
+    throw new FileError(`${label}: expected digest ${JSON.stringify(opts.expectDigest)} is not a sha256 hex digest`);
   const fh = await fsp.open(archive, 'r').catch((err: unknown) => {
-    throw new LayerError(`${label}: cannot read: ${(err as Error).message}`, { cause: err });
+    throw new FileError(`${label}: cannot read: ${(err as Error).message}`, { cause: err });
   });
   try {
     const st = await fh.stat();
-    if (!st.isFile()) throw new LayerError(`${label}: not a regular file`);
+    if (!st.isFile()) throw new FileError(`${label}: not a regular file`);
     const compression = opts.compression ?? (await compressionOf(archive));
     if (want !== undefined) {
       const h = createHash('sha256');
       for await (const chunk of fh.createReadStream({ start: 0, highWaterMark: 1 << 20, autoClose: false })) h.update(chunk as Buffer);
       const got = h.digest('hex');
       if (got !== want)
-        throw new LayerError(`${label}: sha256 is ${got}, not the expected ${want}: the archive changed after it was stored; nothing was unpacked`);
+        throw new FileError(`${label}: sha256 is ${got}, not the expected ${want}: the archive changed after it was stored; nothing was unpacked`);
     }
     const total = st.size;
     let progressed = 0;
@@ -188,8 +189,8 @@ export async function extractUntrusted(input: Readable, dest: string, opts: Untr
     staging = await fsp.mkdtemp(path.join(parent, `.${path.basename(target).slice(0, 64)}.msbx-unpack-`));
   } catch (err) {
     input.destroy();
-    if (err instanceof LayerError) throw err;
-    throw new LayerError(`${label}: cannot prepare ${target}: ${(err as Error).message}`, { cause: err });
+    if (err instanceof FileError) throw err;
+    throw new FileError(`${label}: cannot prepare ${target}: ${(err as Error).message}`, { cause: err });
   }
   try {
     const checker = new TarChecker(label, { label, destination: 'the destination', symlinks: 'inside' });
@@ -218,13 +219,13 @@ export async function extractUntrusted(input: Readable, dest: string, opts: Untr
   }
 }
 
-function existsAlready(target: string, what: string, label: string): LayerError {
-  return new LayerError(`${label}: ${target} already exists and is ${what}; nothing was written`);
+function existsAlready(target: string, what: string, label: string): FileError {
+  return new FileError(`${label}: ${target} already exists and is ${what}; nothing was written`);
 }
 
 async function checkUntrustedDestination(target: string, kind: 'tree' | 'file', label: string): Promise<void> {
   const st = await fsp.lstat(target).catch((err: unknown) => {
-    if (errnoCode(err) === 'ENOENT') return undefined;
+    if (codeOf(err) === 'ENOENT') return undefined;
     throw err;
   });
   if (!st) return;
@@ -241,7 +242,7 @@ async function publishUntrusted(staging: string, target: string, kind: 'tree' | 
   if (kind === 'file') {
     const names = await fsp.readdir(staging);
     const only = names.length === 1 ? await fsp.lstat(path.join(staging, names[0]!)) : undefined;
-    if (!only?.isFile()) throw new LayerError(`${label}: expected the archive to hold one regular file, found ${names.length === 1 ? 'something else' : `${names.length} entries`}`);
+    if (!only?.isFile()) throw new FileError(`${label}: expected the archive to hold one regular file, found ${names.length === 1 ? 'something else' : `${names.length} entries`}`);
     from = path.join(staging, names[0]!);
   }
   try {
@@ -250,11 +251,11 @@ async function publishUntrusted(staging: string, target: string, kind: 'tree' | 
     // changed since it was checked.
     await fsp.rename(from, target);
   } catch (err) {
-    const code = errnoCode(err);
+    const code = codeOf(err);
     if (code === 'ENOTEMPTY' || code === 'EEXIST') throw existsAlready(target, 'a non-empty directory', label);
     if (code === 'ENOTDIR') throw existsAlready(target, 'not a directory', label);
     if (code === 'EISDIR') throw existsAlready(target, 'a directory', label);
-    throw new LayerError(`${label}: cannot move the unpacked ${kind} into place at ${target}: ${(err as Error).message}`, { cause: err });
+    throw new FileError(`${label}: cannot move the unpacked ${kind} into place at ${target}: ${(err as Error).message}`, { cause: err });
   }
   if (kind === 'file') await fsp.rmdir(staging);
 }
@@ -294,10 +295,10 @@ async function unpack(spec: UnpackSpec): Promise<void> {
   };
   const exited = (child: ChildProcess, name: string): Promise<void> =>
     new Promise((resolve, reject) => {
-      child.on('error', (e) => reject(new LayerError(`${label}: cannot run ${name}: ${e.message}`)));
+      child.on('error', (e) => reject(new FileError(`${label}: cannot run ${name}: ${e.message}`)));
       child.on('close', (code, sig) => {
         if (code === 0) resolve();
-        else reject(new LayerError(`${label}: ${name} failed (${sig ?? `exit ${code}`}): ${(stderrOf.get(child) ?? '').trim()}`));
+        else reject(new FileError(`${label}: ${name} failed (${sig ?? `exit ${code}`}): ${(stderrOf.get(child) ?? '').trim()}`));
       });
     });
 
@@ -331,9 +332,9 @@ async function unpack(spec: UnpackSpec): Promise<void> {
     // Prefer the checker's refusal (it names the member) over the broken
     // pipes and killed processes it causes.
     if (checkerError) throw checkerError;
-    if (err instanceof LayerError) throw err;
-    if (spec.signal?.aborted) throw new LayerError(`${label}: extraction aborted`, { cause: err });
-    throw new LayerError(`${label}: ${(err as Error).message}`, { cause: err });
+    if (err instanceof FileError) throw err;
+    if (spec.signal?.aborted) throw new FileError(`${label}: extraction aborted`, { cause: err });
+    throw new FileError(`${label}: ${(err as Error).message}`, { cause: err });
   }
 }
 
@@ -354,7 +355,7 @@ export interface PackOptions {
  */
 export async function packDirectory(dir: string, outFile: string, opts: PackOptions = {}): Promise<{ bytes: number }> {
   const st = await fsp.stat(dir).catch(() => undefined);
-  if (!st?.isDirectory()) throw new LayerError(`pack ${dir}: not a directory`);
+  if (!st?.isDirectory()) throw new FileError(`pack ${dir}: not a directory`);
   const compression = opts.compression ?? 'zstd';
   const tmp = `${outFile}.tmp-${process.pid}-${Date.now()}`;
   const args = [
@@ -378,9 +379,9 @@ export async function packDirectory(dir: string, outFile: string, opts: PackOpti
       const child = spawn('tar', args, { stdio: ['ignore', 'ignore', 'pipe'] });
       let stderr = '';
       child.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
-      child.on('error', (e) => reject(new LayerError(`pack ${dir}: cannot run tar: ${e.message}`)));
+      child.on('error', (e) => reject(new FileError(`pack ${dir}: cannot run tar: ${e.message}`)));
       child.on('close', (code) =>
-        code === 0 ? resolve() : reject(new LayerError(`pack ${dir} -> ${outFile}: tar failed (exit ${code}): ${stderr.trim()}`)),
+        code === 0 ? resolve() : reject(new FileError(`pack ${dir} -> ${outFile}: tar failed (exit ${code}): ${stderr.trim()}`)),
       );
     });
     await fsp.rename(tmp, outFile);

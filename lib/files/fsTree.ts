@@ -1,6 +1,8 @@
 import { promises as fsp, type BigIntStats } from 'node:fs';
 import path from 'node:path';
-import { errnoCode } from './errors.js';
+import { codeOf } from '../errors.js';
+import { FileError } from './errors.js';
+import { mapLimit } from './limit.js';
 
 export interface TreeEntry {
   /** Path relative to the walked root, '/'-separated. */
@@ -29,20 +31,6 @@ export async function* walkTree(root: string, rel = ''): AsyncGenerator<TreeEntr
     yield e;
     if (e.st.isDirectory()) yield* walkTree(root, e.rel);
   }
-}
-
-/** Promise.all over `items` with at most `limit` calls of `fn` running at once; results in order. */
-export async function mapLimit<T, R>(items: readonly T[], limit: number, fn: (item: T) => Promise<R>): Promise<R[]> {
-  const out = new Array<R>(items.length);
-  let next = 0;
-  const worker = async (): Promise<void> => {
-    while (next < items.length) {
-      const i = next++;
-      out[i] = await fn(items[i]!);
-    }
-  };
-  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
-  return out;
 }
 
 /**
@@ -97,7 +85,7 @@ export async function removeTree(target: string): Promise<void> {
   try {
     st = await fsp.lstat(target);
   } catch (err) {
-    if (errnoCode(err) === 'ENOENT') return;
+    if (codeOf(err) === 'ENOENT') return;
     throw err;
   }
   if (st.isDirectory()) await makeDirsWritable(target, st.dev);
@@ -107,7 +95,7 @@ export async function removeTree(target: string): Promise<void> {
 async function makeDirsWritable(dir: string, dev: number): Promise<void> {
   const st = await fsp.lstat(dir);
   if (!st.isDirectory()) return;
-  if (st.dev !== dev) throw new Error(`refusing to delete ${dir}: it is on another filesystem`);
+  if (st.dev !== dev) throw new FileError(`refusing to delete ${dir}: it is on another filesystem`);
   if ((st.mode & 0o700) !== 0o700) await fsp.chmod(dir, (st.mode & 0o7777) | 0o700);
   for (const name of await fsp.readdir(dir)) await makeDirsWritable(path.join(dir, name), dev);
 }

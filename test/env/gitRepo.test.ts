@@ -2,8 +2,10 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { LayerError, openStore, packDirectory, packRepoLayer } from '../../lib/layers/index.js';
-import { tmpDir } from './helpers.js';
+import { EnvError, packRepoLayer } from '../../lib/env/index.js';
+import { packDirectory } from '../../lib/files/index.js';
+import { openStore } from '../../lib/layers/index.js';
+import { tmpDir } from '../layers/helpers.js';
 
 const t = tmpDir('git');
 const repo = path.join(t.dir, 'origin');
@@ -65,7 +67,7 @@ describe('packRepoLayer', () => {
   it('an unknown commit gives an error naming repo and commit', async () => {
     const bad = 'deadbeef'.repeat(5);
     const err = await packRepoLayer(repo, bad, { dest: path.join(t.dir, 'bad') }).catch((e: unknown) => e);
-    expect(err).toBeInstanceOf(LayerError);
+    expect(err).toBeInstanceOf(EnvError);
     expect((err as Error).message).toBe(`git repo ${repo}: commit ${bad} not found (not in the repository or not a commit)`);
   });
 

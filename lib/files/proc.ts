@@ -1,6 +1,6 @@
 import { spawn, type SpawnOptions } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { LayerError } from './errors.js';
+import { FileError } from './errors.js';
 
 export interface RunResult {
   stdout: string;
@@ -27,7 +27,7 @@ export function run(
     child.stdout?.on('data', (b: Buffer) => out.push(b));
     child.stderr?.on('data', (b: Buffer) => err.push(b));
     child.on('error', (e) =>
-      reject(new LayerError(`${what ?? cmd}: cannot run ${cmd}: ${e.message}`, { cause: e })),
+      reject(new FileError(`${what ?? cmd}: cannot run ${cmd}: ${e.message}`, { cause: e })),
     );
     child.on('close', (code, signal) => {
       const stdout = Buffer.concat(out).toString('utf8');
@@ -35,7 +35,7 @@ export function run(
       if (code === 0) resolve({ stdout, stderr });
       else
         reject(
-          new LayerError(
+          new FileError(
             `${what ?? cmd}: ${cmd} ${args.join(' ')} failed (${signal ?? `exit ${code}`}): ${stderr.trim()}`,
           ),
         );
@@ -49,7 +49,7 @@ export function run(
  * /proc/PID/stat), or undefined if the process does not exist. A pid plus
  * its start time identifies a process even after the pid is reused.
  */
-export function processStartTime(pid: number): string | undefined {
+function processStartTime(pid: number): string | undefined {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
     // comm (field 2) may contain spaces and parentheses: parse after the last ')'.

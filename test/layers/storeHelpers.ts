@@ -1,2 +1,0 @@
-export { defaultStoreRoot, openStore, packDirectory } from '../../lib/layers/index.js';
-export { walkTree as walkTreeForTest } from '../../lib/layers/fsTree.js';
