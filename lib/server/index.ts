@@ -2,4 +2,3 @@
 export { startServer, type RunningServer, type ServerOptions } from './server.js';
 export { SandboxRegistry, ManagedSandbox, type RegistryOptions } from './registry.js';
 export { SWEREX_PS1 } from './swerex.js';
-export { serveCommand, SERVE_HELP } from './cli.js';
