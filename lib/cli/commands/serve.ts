@@ -202,7 +202,10 @@ function listenError(e: unknown, args: Args): unknown {
  * value from ps from now on; it was visible until here.
  */
 function hideTokenFromPs(args: readonly string[]): void {
-  const shown = args.map((a, i) => (i > 0 && args[i - 1] === '--auth-token' && a !== '' ? '***' : a));
+  const shown = args.map((a, i) => {
+    if (a.startsWith('--auth-token=')) return '--auth-token=***';
+    return i > 0 && args[i - 1] === '--auth-token' && a !== '' ? '***' : a;
+  });
   process.title = [process.argv0, ...process.execArgv, process.argv[1] ?? '', 'serve', ...shown].join(' ');
 }
 
