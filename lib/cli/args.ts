@@ -124,7 +124,7 @@ export class Args {
     return this.given.filter((g) => g.flag === flag).map((g) => g.value as T);
   }
 
-  /** Says that library option `option` comes from `given`, for the error boundary. */
+  /** Says that library option `option` came from `origin` (a flag as typed), for the error boundary. */
   blame(option: string, origin: Origin): void {
     this.origins.set(option, { text: origin.text, values: origin.values });
   }
