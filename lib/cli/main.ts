@@ -1,74 +1,115 @@
 #!/usr/bin/env node
-/** The `minisandbox` command: a thin shell over the library. */
-import { SandboxError } from '../sandbox/errors.js';
-import { UsageError } from './args.js';
-import { DOCTOR_HELP, doctorCommand } from './commands/doctor.js';
-import { RUN_HELP, runCommand } from './commands/run.js';
-import { ENV_HELP, envCommand } from './commands/env.js';
-import { GC_HELP, gcCommand } from './commands/gc.js';
-import { STORE_HELP, storeCommand } from './commands/store.js';
-import { SERVE_HELP, serveCommand } from '../server/cli.js';
-import { DEMO_HELP, EVAL_HELP, PREPARE_HELP, TASKS_HELP, demoCommand, evalCommand, prepareCommand, tasksCommand } from '../swe/cli.js';
+/**
+ * The `minisandbox` command: finds the command, reads its arguments by its
+ * spec, runs it. Every error a command throws, or leaves unhandled, ends in
+ * reportError: one message and an exit code, never a stack trace.
+ */
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { packageRoot } from '../native/packageRoot.js';
+import { parseArgs, renderHelp, UsageError, type Args, type Command } from './args.js';
+import { DEBUG_ENV, reportError } from './boundary.js';
+import { COMMANDS, loadCommand, type CommandEntry } from './commands/index.js';
 
-const HELP = `Usage: minisandbox COMMAND [OPTIONS]
+const EXIT_CODES = `Exit codes:
+  0     done
+  1     failed: an error, or part of the work failed (each command's --help
+        says which)
+  2     usage error: the command line is wrong; nothing was done
+  run:  the command's own exit code, 128+N when a signal N killed it, 125 when
+        the sandbox could not be set up (or minisandbox failed otherwise)`;
+
+function mainHelp(): string {
+  const width = Math.max(...COMMANDS.map((c) => c.name.length)) + 2;
+  const rows = COMMANDS.map((c) => `  ${c.name.padEnd(width)}${c.summary}${c.subcommands ? ` (${c.subcommands.join(', ')})` : ''}`);
+  return `Usage: minisandbox COMMAND [OPTIONS]
+       minisandbox --version
 
 Container-free sandboxes for software-engineering agents.
 
 Commands:
-  demo     Prepare and evaluate the built-in SWE task set (no network needed)
-  prepare  Build the environments a SWE-bench-style task set needs
-  eval     Evaluate patches (predictions) on a task set, one sandbox each
-  tasks    Build task sets: derive FAIL_TO_PASS/PASS_TO_PASS from test runs
-  serve    Serve sandboxes over SWE-ReX's HTTP protocol
-  env      Build Python environments as shared layers (env build, env ls)
-  store    The layer store: ls, du, gc, verify
-  run      Run a command in a new sandbox (bubblewrap-like options)
-  doctor   Check which kernel features work on this machine, and why not
-  gc       Remove what sandboxes of dead processes left behind
+${rows.join('\n')}
 
 Run 'minisandbox COMMAND --help' for a command's options.
+
+${EXIT_CODES}
+
+Errors are one line, without a stack trace; ${DEBUG_ENV}=1 adds the stack.
 `;
+}
 
-const COMMANDS: Record<string, { run: (args: string[]) => Promise<number>; help: string }> = {
-  run: { run: runCommand, help: RUN_HELP },
-  doctor: { run: doctorCommand, help: DOCTOR_HELP },
-  gc: { run: gcCommand, help: GC_HELP },
-  env: { run: envCommand, help: ENV_HELP },
-  store: { run: storeCommand, help: STORE_HELP },
-  serve: { run: serveCommand, help: SERVE_HELP },
-  prepare: { run: prepareCommand, help: PREPARE_HELP },
-  eval: { run: evalCommand, help: EVAL_HELP },
-  demo: { run: demoCommand, help: DEMO_HELP },
-  tasks: { run: tasksCommand, help: TASKS_HELP },
-};
+function groupHelp(entry: CommandEntry, commands: readonly Command[]): string {
+  const usage = commands.map((c) => renderHelp(c.spec).split('\n\n')[0]!.replace(/^Usage: /, '').replace(/^ {7}/gm, ''));
+  return `Usage: ${usage.join('\n').replace(/\n/g, '\n       ')}
 
-export async function main(argv: string[]): Promise<number> {
-  const [name, ...args] = argv;
-  if (!name || name === '-h' || name === '--help' || name === 'help') {
-    process.stdout.write(HELP);
-    return name ? 0 : 2;
-  }
-  const cmd = COMMANDS[name];
-  if (!cmd) {
-    process.stderr.write(`minisandbox: unknown command '${name}'\n\n${HELP}`);
-    return 2;
-  }
-  if (name !== 'run' && (args.includes('--help') || args.includes('-h'))) {
-    process.stdout.write(cmd.help + '\n');
+${entry.summary}.
+
+Run 'minisandbox ${entry.name} SUBCOMMAND --help' for what each does and its options.
+`;
+}
+
+function version(): string {
+  return (JSON.parse(readFileSync(join(packageRoot(), 'package.json'), 'utf8')) as { version: string }).version;
+}
+
+/** Runs the command line `argv` (without node and the script); resolves to the exit code. */
+export async function main(argv: readonly string[]): Promise<number> {
+  const [first, ...rest] = argv;
+  if (first === '-h' || first === '--help' || first === 'help') {
+    process.stdout.write(mainHelp());
     return 0;
   }
+  if (first === '--version') {
+    process.stdout.write(`minisandbox ${version()}\n`);
+    return 0;
+  }
+  if (first === undefined) {
+    process.stderr.write(mainHelp());
+    return 2;
+  }
+  const entry = COMMANDS.find((c) => c.name === first);
+  if (!entry) {
+    const what = first.startsWith('-') ? 'option' : 'command';
+    process.stderr.write(`minisandbox: unknown ${what} '${first}' (commands: ${COMMANDS.map((c) => c.name).join(', ')}; see 'minisandbox --help')\n`);
+    return 2;
+  }
+  let name = entry.name;
+  let args = rest;
+  let command: Command | undefined;
+  let parsed: Args | undefined;
+  // Anything thrown from here on, and anything left unhandled while the
+  // command runs (an 'error' event nobody listened to), ends here.
+  const fail = (e: unknown) => reportError(name, e, parsed?.origins ?? new Map(), entry.failureExit ?? 1);
+  const uncaught = (e: unknown) => {
+    process.exitCode = fail(e);
+    process.exit();
+  };
+  process.on('uncaughtException', uncaught);
+  process.on('unhandledRejection', uncaught);
   try {
-    return await cmd.run(args);
+    if (entry.subcommands) {
+      const [sub, ...subArgs] = rest;
+      if (sub === '-h' || sub === '--help') {
+        process.stdout.write(groupHelp(entry, (await entry.load()).commands));
+        return 0;
+      }
+      if (sub === undefined || !entry.subcommands.includes(sub)) {
+        const list = entry.subcommands.length === 1 ? entry.subcommands[0] : `one of ${entry.subcommands.join(', ')}`;
+        throw new UsageError(`${sub === undefined ? 'no subcommand' : `unknown subcommand '${sub}'`}: expected ${list} (see 'minisandbox ${entry.name} --help')`);
+      }
+      name = `${entry.name} ${sub}`;
+      args = subArgs;
+    }
+    command = await loadCommand(entry, name);
+    const read = parseArgs(command.spec, args);
+    if (read === 'help') {
+      process.stdout.write(renderHelp(command.spec));
+      return 0;
+    }
+    parsed = read;
+    return await command.run(parsed);
   } catch (e) {
-    if (e instanceof UsageError) {
-      process.stderr.write(`minisandbox ${name}: ${e.message}\n`);
-      return 2;
-    }
-    if (e instanceof SandboxError) {
-      process.stderr.write(`minisandbox: ${e.name}: ${e.message}\n`);
-      return 125;
-    }
-    throw e;
+    return fail(e);
   }
 }
 
@@ -77,7 +118,7 @@ main(process.argv.slice(2)).then(
     process.exitCode = code;
   },
   (e: unknown) => {
-    process.stderr.write(`minisandbox: ${(e as Error).stack ?? String(e)}\n`);
-    process.exitCode = 1;
+    // main catches what commands throw: this is a bug of main itself.
+    process.exitCode = reportError(undefined, e, new Map(), 1);
   },
 );

@@ -3,9 +3,10 @@
  * policy. Everything here mirrors native/plan.cc and native/addon.cc.
  */
 import { createRequire } from 'node:module';
-import { existsSync } from 'node:fs';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
+import { packageRoot } from './packageRoot.js';
+
+export { packageRoot };
 
 export type NamespaceName = 'user' | 'mount' | 'pid' | 'ipc' | 'uts' | 'net' | 'cgroup';
 
@@ -147,17 +148,6 @@ interface Addon {
   controlKillTree: number;
   /** Syscall numbers of the architecture the addon was built for. */
   syscalls: Record<string, number>;
-}
-
-/** The package root, found from this file whether run from lib/ or dist/lib/. */
-export function packageRoot(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  while (!existsSync(join(dir, 'package.json')) || !existsSync(join(dir, 'binding.gyp'))) {
-    const up = dirname(dir);
-    if (up === dir) throw new Error('minisandbox: cannot find the package root (binding.gyp)');
-    dir = up;
-  }
-  return dir;
 }
 
 const root = packageRoot();

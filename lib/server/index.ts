@@ -1,4 +1,3 @@
 /** A SWE-ReX-compatible HTTP server over MiniSandbox sandboxes. */
 export { startServer, type RunningServer, type ServerOptions } from './server.js';
 export { SandboxRegistry, ManagedSandbox, type RegistryOptions } from './registry.js';
-export { serveCommand, SERVE_HELP } from './cli.js';

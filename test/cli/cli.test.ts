@@ -2,12 +2,10 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
+import { cli as runCli } from './helpers.js';
 
-// The CLI as users run it: the built entry point in a real Node process.
-const CLI = fileURLToPath(new URL('../../dist/lib/cli/main.js', import.meta.url));
-const cli = (...args: string[]) => spawnSync(process.execPath, [CLI, ...args], { encoding: 'utf8', timeout: 20_000 });
+const cli = (...args: string[]) => runCli(args);
 
 describe('minisandbox run', () => {
   it('passes the exit code through and applies bwrap-style options', () => {
@@ -36,8 +34,8 @@ describe('minisandbox run', () => {
     expect(cli('run', '--seccomp', 'none', '--', 'grep', '-q', 'Seccomp:.0', '/proc/self/status').status).toBe(0);
     const unknown = cli('run', '--seccomp-deny', 'nosuch', '--', 'true');
     expect(unknown.status).toBe(125);
-    expect(unknown.stderr).toContain("seccomp.deny: unknown syscall 'nosuch'");
-    expect(cli('run', '--seccomp', 'strict', '--', 'true').stderr).toContain("--seccomp takes default or none, not 'strict'");
+    expect(unknown.stderr).toContain("--seccomp-deny: unknown syscall 'nosuch'");
+    expect(cli('run', '--seccomp', 'strict', '--', 'true').stderr).toContain("--seccomp: expected default or none, got 'strict'");
   });
 
   it('explains each option in --help', () => {
@@ -54,6 +52,8 @@ describe('minisandbox run', () => {
     expect(missing.status).toBe(125);
     expect(missing.stderr).toContain('bind source /does/not/exist does not exist');
     expect(cli('run', '--ro-bind', '/etc').stderr).toContain('--ro-bind needs 2 values');
+    // A command's own --help is the command's, not run's.
+    expect(cli('run', '--', 'sh', '-c', 'echo "$1"', 'sh', '--help').stdout).toBe('--help\n');
   });
 });
 

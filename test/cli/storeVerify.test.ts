@@ -1,15 +1,13 @@
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { chmodSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { packDirectory } from '../../lib/files/index.js';
 import { openStore } from '../../lib/layers/index.js';
 import { tempDir } from '../helpers.js';
+import { cli as runCli } from './helpers.js';
 
-// The CLI as users run it: the built entry point in a real Node process.
-const CLI = fileURLToPath(new URL('../../dist/lib/cli/main.js', import.meta.url));
-const cli = (...args: string[]) => spawnSync(process.execPath, [CLI, ...args], { encoding: 'utf8', timeout: 20_000 });
+const cli = (...args: string[]) => runCli(args);
 const sha256 = (data: string) => execFileSync('sha256sum', { input: data, encoding: 'utf8' }).split(' ')[0]!;
 
 describe('minisandbox store verify', () => {
@@ -17,10 +15,10 @@ describe('minisandbox store verify', () => {
   afterAll(() => tmp.remove());
 
   it('explains itself in --help', () => {
-    const r = cli('store', '--help');
+    const r = cli('store', 'verify', '--help');
     expect(r.status).toBe(0);
-    expect(r.stdout).toContain('minisandbox store verify [LAYER...] [--store DIR] [--json]');
-    expect(r.stdout).toMatch(/exits 1 if anything differs/);
+    expect(r.stdout).toMatch(/^Usage: minisandbox store verify \[LAYER\.\.\.\] \[--store DIR\] \[--json\]$/m);
+    expect(r.stdout).toMatch(/^Exit code: 0 if everything is as built; 1 if anything differs/m);
   });
 
   it('exits 0 on an intact store, 1 with every difference named by layer after a file is tampered with', async () => {
@@ -55,10 +53,10 @@ describe('minisandbox store verify', () => {
     const root = join(tmp.path, 'empty-store');
     const unknown = cli('store', 'verify', 'abcdef', '--store', root);
     expect(unknown.status).toBe(2);
-    expect(unknown.stderr).toContain(`verify: no layer abcdef in the store ${root}`);
+    expect(unknown.stderr).toBe(`minisandbox store verify: LAYER abcdef: no such layer in the store ${root}\n`);
     const notHex = cli('store', 'verify', 'zzz', '--store', root);
     expect(notHex.status).toBe(2);
-    expect(notHex.stderr).toContain('"zzz" is not a layer digest');
+    expect(notHex.stderr).toContain('LAYER "zzz": not a layer digest');
     expect(cli('store', 'verify', '--frob', '--store', root).status).toBe(2);
   });
 });

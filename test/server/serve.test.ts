@@ -132,6 +132,18 @@ describe('minisandbox serve: the auth token', () => {
     }
   });
 
+  it('--auth-token=TOKEN: hidden from ps as well', async () => {
+    const token = newToken();
+    const s = await startServe([`--auth-token=${token}`]);
+    try {
+      await expectAuth(s.url, token);
+      expect(cmdline(s.pid)).not.toContain(token);
+      expect(cmdline(s.pid)).toContain('serve --port 0 --auth-token=***');
+    } finally {
+      await s.stop();
+    }
+  });
+
   it("an explicit --auth-token '' still turns authentication off", async () => {
     const s = await startServe(['--auth-token', '']);
     try {

@@ -12,6 +12,7 @@ import {
 } from '../../lib/shell/errors.js';
 import type { ShellSession } from '../../lib/shell/session.js';
 import { startTestSession } from './helpers.js';
+import { waitFor } from '../helpers.js';
 
 let s: ShellSession;
 let dir: string;
@@ -339,8 +340,16 @@ describe('startup and close', () => {
     const running = Number((await t.run('sleep 60 & echo $!')).output.split('\n').at(-2));
     const stopped = Number((await t.run('sleep 61 & kill -STOP $!; echo $!')).output.split('\n').at(-2));
     await Promise.all([t.close(), t.close()]);
-    await new Promise((r) => setTimeout(r, 100));
-    for (const pid of [running, stopped]) expect(() => process.kill(pid, 0)).toThrow();
+    const gone = (pid: number) => {
+      try {
+        process.kill(pid, 0);
+        return false;
+      } catch {
+        return true;
+      }
+    };
+    // Killed at close; a loaded machine may take a moment to reap them.
+    for (const pid of [running, stopped]) expect(await waitFor(() => gone(pid), 5000)).toBe(true);
     await t.close();
     expect(t.isClosed).toBe(true);
     const err = await t.run('echo x').catch((e) => e);

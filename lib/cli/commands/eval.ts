@@ -1,0 +1,55 @@
+/** `minisandbox eval`: predictions on a task set, each in a fresh sandbox. */
+import { absolutePath, outputFile, readableFile, UsageError, type Command } from '../args.js';
+import { JOBS_OPTION, STORE_OPTION, TEST_TIMEOUT_OPTION } from '../options.js';
+import { readPredictions, readTasks, runEvaluation } from '../swe.js';
+
+const evalCommand: Command = {
+  spec: {
+    name: 'eval',
+    usage: ['minisandbox eval TASKS (--predictions PREDS | --gold) [OPTIONS]'],
+    about: `Evaluates predictions as SWE-bench does, each in a fresh sandbox: apply the
+patch (git apply, git apply --reject, patch --fuzz=5), reset the test files
+and apply test_patch, run test_cmd, parse the log, grade. Environments are
+prepared first (reused from the store when present).`,
+    positionals: [{ name: 'TASKS', check: readableFile }],
+    options: {
+      '--predictions': { values: ['PREDS'], check: readableFile, help: 'SWE-bench predictions (JSONL, JSON list or object)' },
+      '--gold': { help: "Evaluate each task's own gold patch instead" },
+      '--store': STORE_OPTION,
+      '--jobs': { ...JOBS_OPTION, help: 'Evaluations (and builds) at once' },
+      '--timeout': TEST_TIMEOUT_OPTION,
+      '--report': {
+        values: ['FILE'],
+        check: outputFile,
+        help: `Write the report (SWE-bench run report + per-instance reports
+with every test's status, rewards, timings) as JSON`,
+      },
+      '--logs': { values: ['DIR'], check: absolutePath, help: 'Write DIR/<instance_id>/{patch.diff,test_output.txt,report.json}' },
+    },
+    exitCodes: `Exit code: 0 if every task and prediction was read and evaluated (resolved
+or not), 1 if some could not be (rejected records, preparation or harness
+errors), 2 on usage errors.`,
+  },
+  async run(args) {
+    const gold = args.has('--gold');
+    const file = args.get('--predictions');
+    if (gold === (file !== undefined)) throw new UsageError('give exactly one of --predictions PREDS and --gold');
+    const { tasks, rejected } = readTasks(args.positionals[0] as string);
+    const predictions = file !== undefined ? readPredictions(file) : { predictions: tasks.map((t) => ({ instance_id: t.instance_id, model_patch: t.patch, model_name_or_path: 'gold' })), rejected: 0 };
+    const report = args.get('--report');
+    const logs = args.get('--logs');
+    const { report: run } = await runEvaluation({
+      tasks,
+      predictions: predictions.predictions,
+      storeDir: args.get('--store')!,
+      jobs: args.get<number>('--jobs')!,
+      timeoutMs: args.get<number>('--timeout')! * 1000,
+      ...(report ? { reportFile: report } : {}),
+      ...(logs ? { logsDir: logs } : {}),
+      rejected,
+    });
+    return run.error_instances === 0 && rejected === 0 && predictions.rejected === 0 ? 0 : 1;
+  },
+};
+
+export const commands = [evalCommand];
