@@ -176,6 +176,8 @@ export interface Identity {
    * its root is an unprivileged host id (see rootIdRange in policy.ts).
    */
   range?: IdRange;
+  /** With a range: the ids every process of the sandbox takes first, the range's root. */
+  initUser?: { uid: number; gid: number };
 }
 
 /**
@@ -207,6 +209,7 @@ function identity(opts: SandboxOptions, ns: Set<NamespaceName>): Identity {
       insideUid: 0,
       insideGid: 0,
       range,
+      initUser: { uid: 0, gid: 0 },
     };
   }
   const insideUid = mapUser === 'root' ? 0 : uid;
@@ -330,6 +333,8 @@ export interface SandboxPart {
   seccomp?: Buffer;
   /** Processes may create user namespaces (options.nesting). */
   nesting: boolean;
+  /** Sizes of the sandbox's own tmpfs mounts, by mount point (what sb.limits.tmpfs reports). */
+  tmpfs: Record<string, string>;
   /** Ops shared by every sandbox of this kind (the host root), prepared once. */
   prefix?: { ops: readonly NativeOp[]; prepared: PreparedOps };
   ops: NativeOp[];
@@ -372,20 +377,26 @@ export function buildSandboxPart(opts: SandboxOptions, extra: { ops?: NativeOp[]
   if (root !== 'host' && root !== 'empty') fail('root', `'${String(root)}' must be 'host' or 'empty'`);
   const prefix = root === 'host' ? hostRoot(id.range) : undefined;
   if (!prefix) ops.push(ROOT_TMPFS);
+  const tmpfs: Record<string, string> = { '/': TMPFS_SIZES.root };
   if (root === 'host') {
     if (ns.has('uts')) ops.push(...identityFileOps(hostname));
-    if (opts.dev ?? true) ops.push(...devOps());
+    if (opts.dev ?? true) {
+      ops.push(...devOps());
+      tmpfs['/dev/shm'] = TMPFS_SIZES.shm;
+    }
     if (opts.proc ?? true) ops.push(...procOps());
     const tmp = opts.tmp ?? true;
     if (tmp) {
       const size = typeof tmp === 'object' ? tmp.size : TMPFS_SIZES.tmp;
       ops.push({ kind: 'tmpfs', dst: '/tmp', data: tmpfsData('tmp.size', size, 0o1777), nosuid: true, nodev: true });
+      tmpfs['/tmp'] = String(size);
     }
     if (opts.workDir !== undefined) {
       const src = hostDir('workDir', opts.workDir, 'workDir');
       ops.push({ kind: 'bind', src, dst: WORK_DIR, nosuid: true, nodev: true, ...hostSourceFlags(src, id.range) });
     } else {
       ops.push({ kind: 'tmpfs', dst: WORK_DIR, data: `mode=0755,size=${TMPFS_SIZES.work}`, nosuid: true, nodev: true });
+      tmpfs[WORK_DIR] = TMPFS_SIZES.work;
     }
     // The home of uid 0 inside; HOME must exist for most tools.
     ops.push({ kind: 'mkdir', dst: '/root', mode: 0o700 });
@@ -400,7 +411,7 @@ export function buildSandboxPart(opts: SandboxOptions, extra: { ops?: NativeOp[]
   for (const { option, mount } of mounts) ops.push(...mountOps(mount, option, id));
   const rootSwitch = opts.rootSwitch ?? 'pivot_root';
   if (rootSwitch !== 'pivot_root' && rootSwitch !== 'chroot') fail('rootSwitch', "must be 'pivot_root' or 'chroot'");
-  return { namespaces: [...ns], identity: id, hostname, root, seccomp, nesting: !!opts.nesting, prefix, ops, pivot: rootSwitch === 'pivot_root', readOnlyRoot: !!opts.readOnlyRoot };
+  return { namespaces: [...ns], identity: id, hostname, root, seccomp, nesting: !!opts.nesting, tmpfs, prefix, ops, pivot: rootSwitch === 'pivot_root', readOnlyRoot: !!opts.readOnlyRoot };
 }
 
 /** 'CAP_CHOWN' or 'chown' -> 0; an unknown name is a ConfigError naming `option`. */
@@ -460,14 +471,14 @@ export function buildProcessPart(
   if (opts.timeout !== undefined && (typeof opts.timeout !== 'number' || !(opts.timeout > 0))) fail('timeout', 'must be a positive number of milliseconds');
   // A remapped root caller's command always takes its ids: a command
   // joining a running sandbox starts as the caller's unmapped uid.
-  const ids = user ?? (id.range ? { uid: id.insideUid, gid: id.insideGid } : undefined);
+  const ids = user ?? id.initUser;
   return {
     argv: opts.argv,
     env,
     execCandidates: execCandidates(opts.argv[0]!, env),
     cwd,
     user: ids,
-    initUser: id.range ? { uid: id.insideUid, gid: id.insideGid } : undefined,
+    initUser: id.initUser,
     noNewPrivs,
     keepCaps,
     seccomp: sandbox.seccomp,
@@ -494,7 +505,7 @@ export function sandboxPlanFields(part: SandboxPart): Pick<NativePlan, 'namespac
     uidMap: id.uidMap,
     gidMap: id.gidMap,
     denySetgroups: id.denySetgroups,
-    initUser: id.range ? { uid: id.insideUid, gid: id.insideGid } : undefined,
+    initUser: id.initUser,
     hostname: part.hostname,
     pivot: part.pivot,
     rootReadOnly: part.readOnlyRoot,

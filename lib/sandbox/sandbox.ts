@@ -32,7 +32,7 @@ import {
   type NamedMount,
   type SandboxPart,
 } from './plan.js';
-import { FILE_CAPABILITIES, TMPFS_SIZES, WORK_DIR } from './policy.js';
+import { FILE_CAPABILITIES, WORK_DIR } from './policy.js';
 import { SandboxProcess, callNative } from './process.js';
 import { DEFAULT_MAX_BUFFER, collectResult, type RunResult } from './run.js';
 import { removeTree } from '../files/fsTree.js';
@@ -200,14 +200,7 @@ export class Sandbox implements AsyncDisposable {
       if (!part.namespaces.includes('pid')) throw new ConfigError('namespaces.pid: a persistent sandbox needs its PID namespace', 'namespaces.pid');
       const startCwd = checkSandboxPath('cwd', cwd ?? (part.root === 'host' ? WORK_DIR : '/'));
       limits = new SandboxLimits(id, limitOpts);
-      if (part.root === 'host') {
-        const tmp = sandboxOpts.tmp ?? true;
-        limits.report.tmpfs = {
-          '/': TMPFS_SIZES.root,
-          ...(tmp ? { '/tmp': String(typeof tmp === 'object' ? tmp.size : TMPFS_SIZES.tmp) } : {}),
-          ...((sandboxOpts.dev ?? true) ? { '/dev/shm': TMPFS_SIZES.shm } : {}),
-        };
-      }
+      limits.report.tmpfs = part.tmpfs;
       const plan: NativePlan = {
         ...sandboxPlanFields(part),
         hold: true,

@@ -298,8 +298,7 @@ const compiled = new Map<string, Buffer | undefined>();
 export function seccompProgram(option: SeccompOption | undefined, opts: { nesting?: boolean } = {}): Buffer | undefined {
   const key = JSON.stringify([option ?? 'default', !!opts.nesting]);
   if (!compiled.has(key)) {
-    const rules = seccompRules(option ?? 'default', opts);
-    compiled.set(key, rules.length === 0 && option === 'none' ? undefined : compileSeccomp(rules));
+    compiled.set(key, option === 'none' ? undefined : compileSeccomp(seccompRules(option ?? 'default', opts)));
   }
   return compiled.get(key);
 }
