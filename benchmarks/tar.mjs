@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// node scripts/bench-tar.mjs [ROUNDS]: GNU tar against node-tar where this
+// node benchmarks/tar.mjs [ROUNDS]: GNU tar against node-tar where this
 // package moves archives (docs/packaging.md has the figures). Needs a build
 // (npm run build). Rounds alternate the two sides; medians are printed.
 //
