@@ -13,6 +13,7 @@ import http from 'node:http';
 import https from 'node:https';
 import dns from 'node:dns';
 import net from 'node:net';
+import tls from 'node:tls';
 import { RegistryError, registryHost } from './registry-ref.js';
 
 export interface Credentials {
@@ -26,6 +27,8 @@ export interface HttpOptions {
   /** No byte from the registry for this long fails the request. */
   timeoutMs: number;
   signal?: AbortSignal;
+  /** Certificates (PEM) trusted besides Node's bundle, for a registry with its own CA. */
+  ca?: string | Buffer;
 }
 
 const REDIRECTS = new Set([301, 302, 303, 307, 308]);
@@ -124,7 +127,9 @@ export class RegistryHttp {
       );
     }
     this.base = new URL(`${opts.insecure ? 'http' : 'https'}://${registry}/`);
-    this.#agent = opts.insecure ? new http.Agent({ keepAlive: true }) : new https.Agent({ keepAlive: true });
+    this.#agent = opts.insecure
+      ? new http.Agent({ keepAlive: true })
+      : new https.Agent({ keepAlive: true, ...(opts.ca ? { ca: [...tls.rootCertificates, String(opts.ca)] } : {}) });
   }
 
   error(message: string, extra: { status?: number; cause?: unknown } = {}): RegistryError {
@@ -282,6 +287,9 @@ export class RegistryHttp {
       hint = isLoopback(url.hostname)
         ? ' (the registry does not speak TLS: for a plain-HTTP registry on loopback pass insecure)'
         : ' (the registry does not speak TLS there)';
+    }
+    if (/certificate|self.signed|unable to (get|verify)/i.test(err.message) || /^(CERT_|DEPTH_ZERO|SELF_SIGNED|UNABLE_TO)/.test(err.code ?? '')) {
+      hint = ' (the registry\'s TLS certificate is not trusted: pass its CA as ca)';
     }
     return this.error(`${what}: cannot reach ${url.host}: ${err.message}${hint}`, { cause: err });
   }

@@ -41,6 +41,24 @@ const ACCEPT = [MEDIA_TYPES.ociIndex, MEDIA_TYPES.dockerList, MEDIA_TYPES.ociMan
 /** containerd's limit for a manifest: anything bigger is not a manifest. */
 const MANIFEST_LIMIT = 4 << 20;
 const CONFIG_LIMIT = 32 << 20;
+/** Docker's layer media types and their OCI names (the same bytes). */
+const OCI_LAYER_TYPE: Record<string, string> = {
+  'application/vnd.docker.image.rootfs.diff.tar.gzip': 'application/vnd.oci.image.layer.v1.tar+gzip',
+  'application/vnd.docker.image.rootfs.foreign.diff.tar.gzip': 'application/vnd.oci.image.layer.nondistributable.v1.tar+gzip',
+};
+
+/** The OCI manifest for a Docker schema 2 one: same config and layers, OCI media types. */
+function ociManifestOf(m: { config: Descriptor; layers: Descriptor[] }): { mediaType: string; bytes: Buffer } {
+  const d = (x: Descriptor, mediaType: string) => ({ mediaType, digest: x.digest, size: x.size });
+  const oci = {
+    schemaVersion: 2,
+    mediaType: MEDIA_TYPES.ociManifest,
+    config: d(m.config, MEDIA_TYPES.ociConfig),
+    layers: m.layers.map((l) => d(l, OCI_LAYER_TYPE[l.mediaType] ?? l.mediaType)),
+  };
+  return { mediaType: MEDIA_TYPES.ociManifest, bytes: Buffer.from(JSON.stringify(oci)) };
+}
+
 /** Docker's default: three layers at a time. */
 const PARALLEL_LAYERS = 3;
 const DEFAULT_TIMEOUT_MS = 30_000;
@@ -74,6 +92,8 @@ export interface PullOptions {
   signal?: AbortSignal;
   /** A request or body that sends nothing for this long fails (default 30 s). */
   timeoutMs?: number;
+  /** Certificates (PEM) trusted besides Node's bundle, for a registry with its own CA. */
+  ca?: string | Buffer;
 }
 
 export interface PulledLayer {
@@ -82,6 +102,7 @@ export interface PulledLayer {
   /** The uncompressed tar's digest (the config's rootfs.diff_ids, same index). */
   diffId: string;
   size: number;
+  /** As the layout's manifest names it: OCI's name for a Docker layer type (same bytes). */
   mediaType: string;
   /** False when `have()` said the caller has it: its blob is not in the layout. */
   present: boolean;
@@ -89,7 +110,11 @@ export interface PulledLayer {
 
 export interface PullResult {
   dir: string;
-  /** The image manifest's digest (the platform's entry when the reference names an index). */
+  /**
+   * The registry's image manifest digest (the platform's entry when the
+   * reference names an index), kept in the layout as a blob. For a Docker
+   * schema 2 manifest, index.json points at its OCI translation instead.
+   */
   manifestDigest: string;
   /** The index or manifest list's digest, when the reference named one (Docker's RepoDigest). */
   indexDigest?: string;
@@ -202,6 +227,7 @@ export async function pullToLayout(ref: string, opts: PullOptions): Promise<Pull
     timeoutMs: opts.timeoutMs ?? DEFAULT_TIMEOUT_MS,
     ...(opts.insecure ? { insecure: true } : {}),
     ...(opts.auth ? { auth: opts.auth } : {}),
+    ...(opts.ca ? { ca: opts.ca } : {}),
     signal,
   });
   const layout = new LayoutWriter(path.resolve(opts.dir));
@@ -293,17 +319,28 @@ async function pull(
     report();
   }, stopOthers);
 
+  // Downloads that finished as the abort came would otherwise let the pull complete.
+  if (opts.signal?.aborted) throw client.aborted(opts.signal);
   await layout.put(layout.blobPath(manifest.config.digest), configBytes);
   await layout.put(layout.blobPath(chosen.digest), chosen.bytes);
+  // OCI tools (skopeo, umoci) read only OCI manifests from a layout, so a
+  // Docker schema 2 manifest is rewritten as the OCI one skopeo would make:
+  // the config and layer blobs, and so their digests, are the same bytes.
+  // The registry's manifest stays in the layout too, and is what
+  // manifestDigest names.
+  const entry = chosen.mediaType === MEDIA_TYPES.dockerManifest ? ociManifestOf(manifest as Required<typeof manifest>) : { mediaType: chosen.mediaType, bytes: chosen.bytes };
+  const entryDigest = `sha256:${createHash('sha256').update(entry.bytes).digest('hex')}`;
+  if (entryDigest !== chosen.digest) await layout.put(layout.blobPath(entryDigest), entry.bytes);
+  for (const l of layers) l.mediaType = OCI_LAYER_TYPE[l.mediaType] ?? l.mediaType;
   const platform: Platform = { os: config.os!, architecture: config.architecture!, ...(config.variant ? { variant: config.variant } : {}) };
   const index = {
     schemaVersion: 2,
     mediaType: MEDIA_TYPES.ociIndex,
     manifests: [
       {
-        mediaType: chosen.mediaType,
-        digest: chosen.digest,
-        size: chosen.bytes.length,
+        mediaType: entry.mediaType,
+        digest: entryDigest,
+        size: entry.bytes.length,
         platform,
         ...(reference.tag !== undefined ? { annotations: { 'org.opencontainers.image.ref.name': reference.tag } } : {}),
       },
