@@ -29,10 +29,14 @@ const BASE: TarEntry[] = [
   { name: 'data/dir/old', data: 'old\n' },
   { name: 'data/fake/', type: '5' },
   { name: 'data/fake/below', data: 'below\n' },
+  { name: `data/${'l'.repeat(90)}/`, type: '5' },
+  { name: `data/${'l'.repeat(90)}/${'m'.repeat(60)}`, data: 'long\n' },
 ];
 const TOP: TarEntry[] = [
   { name: 'data/', type: '5' },
   { name: 'data/.wh.gone' },
+  // Names past ustar's 100 bytes come as pax paths: the whiteout keeps its whole name.
+  { name: `data/${'l'.repeat(90)}/.wh.${'m'.repeat(60)}` },
   { name: 'data/dir/', type: '5', mode: 0o750, uid: 0, gid: 0 },
   { name: 'data/dir/.wh..wh..opq' },
   { name: 'data/dir/new', data: 'new\n' },
@@ -78,9 +82,9 @@ describe('image layers made by hand', () => {
     const xattrs = execFileSync('python3', ['-c', 'import os,sys; print(sorted(os.listxattr(sys.argv[1])), sorted(os.listxattr(sys.argv[2])), sorted(os.listxattr(sys.argv[3])))', join(top.path, 'data/dir'), join(top.path, 'data/fake'), join(top.path, 'data/fake/mine')], { encoding: 'utf8' });
     expect(xattrs.trim()).toBe("['user.overlay.opaque'] [] []");
 
-    const r = await runImage(store, 'hand/made:1', ['/bin/sh', '-c', 'ls -A /data; echo --; ls -A /data/dir; echo --; ls -A /data/fake; cat /data/keep'], { mounts: usr });
+    const r = await runImage(store, 'hand/made:1', ['/bin/sh', '-c', 'ls -A /data; echo --; ls -A /data/dir; echo --; ls -A /data/fake; cat /data/keep; ls -A /data/l*'], { mounts: usr });
     expect(r.stderr).toBe('');
-    expect(r.stdout).toBe('dir\nfake\nkeep\nrun.sh\n--\nnew\n--\nbelow\nmine\nkeep\n');
+    expect(r.stdout).toBe(`dir\nfake\nkeep\n${'l'.repeat(90)}\nrun.sh\n--\nnew\n--\nbelow\nmine\nkeep\n`);
     // Cmd, and argv replacing it.
     expect((await runImage(store, rec!.id.slice(0, 8), undefined, { mounts: usr })).stdout).toBe('ran\n');
     const exit = await runImage(store, rec!.id, ['/bin/sh', '-c', 'exit 3'], { mounts: usr });
