@@ -445,7 +445,9 @@ async function unpack(spec: UnpackSpec): Promise<void> {
     await Promise.allSettled(steps);
     // Prefer the checker's refusal (it names the member) over the broken
     // pipes and killed processes it causes.
-    if (checkerError) throw checkerError;
+    // (Only its own refusal: a pipeline torn down by an abort destroys the
+    // checker with a plain AbortError, which is not the checker's word.)
+    if (checkerError instanceof FileError) throw checkerError;
     if (err instanceof FileError) throw err;
     if (spec.signal?.aborted) throw new FileError(`${label}: extraction aborted`, { cause: err });
     throw new FileError(`${label}: ${(err as Error).message}`, { cause: err });

@@ -168,10 +168,12 @@ export async function imageProcessSettings(
 
 /** Sandbox options for an image's root: its layers (top first) plus the caller's, ids 'range' where it can. */
 function rootOptions(rec: ImageRecord, layers: string[], extra: string[] | undefined, settings: ImageProcessSettings): { root: { layers: string[] }; ids?: 'range'; mounts: Mount[] } {
-  const range = idRangeSupport().ok;
+  const support = idRangeSupport();
+  const range = support.ok;
   const label = `image ${rec.names[0] ?? rec.id.slice(0, 12)}`;
-  if (!range && (settings.user.uid !== 0 || settings.user.gid !== 0) && rec.owners !== 'squashed')
-    throw new ImageError(`${label}: runs as ${settings.user.uid}:${settings.user.gid}, which needs ids: 'range' (${idRangeSupport().ok ? '' : (idRangeSupport() as { reason: string }).reason})`);
+  // Only the caller's own id is mapped without a range: another user inside could not exist.
+  if (!support.ok && (settings.user.uid !== 0 || settings.user.gid !== 0))
+    throw new ImageError(`${label}: runs as ${settings.user.uid}:${settings.user.gid}, which needs ids: 'range' (${support.reason})`);
   const mounts: Mount[] = settings.makeCwd ? [{ type: 'dir', target: settings.cwd, mode: 0o755 }] : [];
   return { root: { layers: [...(extra ?? []), ...layers] }, ...(range ? { ids: 'range' as const } : {}), mounts };
 }

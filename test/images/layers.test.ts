@@ -107,6 +107,25 @@ describe('image layers made by hand', () => {
     expect((await runImage(store, 'hand', ['/bin/cat', '/data/dir/new'], { mounts: usr })).stdout).toBe('new\n');
   });
 
+  it('reads a gzip-compressed archive (unpacked once in staging, removed after)', async () => {
+    const dir = join(t.dir, 'img');
+    const { id } = writeDockerSave(dir, { layers: [BASE, TOP] });
+    execFileSync('tar', ['-czf', join(t.dir, 'img.tar.gz'), '-C', dir, '.']);
+    const [rec] = await importImage(store, join(t.dir, 'img.tar.gz'));
+    expect(rec!.id).toBe(id);
+    expect((await storeIsEmpty(store)).staging).toEqual([]);
+  });
+
+  it('stops when aborted, leaving nothing', async () => {
+    const dir = join(t.dir, 'img');
+    writeDockerSave(dir, { layers: [BASE, [{ name: 'big', data: Buffer.alloc(48 << 20, 1) }]] });
+    const ac = new AbortController();
+    const err = await importImage(store, dir, { signal: ac.signal, onProgress: (p) => p.layer === 2 && p.done > 0 && ac.abort() }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ImageError);
+    expect((err as Error).message).toMatch(/aborted/);
+    expect(await storeIsEmpty(store)).toEqual(EMPTY);
+  });
+
   async function importLayout(dir: string) {
     const { importLayout: imp } = await import('../../lib/images/index.js');
     return imp(store, dir);
