@@ -70,8 +70,8 @@ beforeAll(() => {
 afterAll(() => dir?.remove());
 
 describe.each([
-  { ids: 'single' as const, skip: false as const | string },
-  { ids: 'range' as const, skip: rangeSkip },
+  { ids: 'single' as const, skip: false as false | string },
+  { ids: 'range' as const, skip: rangeSkip as false | string },
 ])("root: { layers } with ids: '$ids'", ({ ids, skip }) => {
   const opts = (): SandboxOptions => ({ root: { layers: [top, bottom] }, mounts: [usr], ids });
   // What chown can give a lower file: another id where one is mapped.
