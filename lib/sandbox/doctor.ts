@@ -140,9 +140,11 @@ async function idMappingCheck(): Promise<Check> {
   }
 }
 
+export const ID_RANGE_CHECK = "id range (ids: 'range')";
+
 /** Whether `ids: 'range'` (ids 0-65535 inside, container images) is available, and why not. */
 async function idRangeCheck(): Promise<Check> {
-  const name = "id range (ids: 'range')";
+  const name = ID_RANGE_CHECK;
   const r = idRangeSupport();
   if (!r.ok) return { name, ok: false, detail: `${r.reason}; sandboxes still run, with one id (images' owners are squashed to it)` };
   const ids = `uids ${r.uid.start}-${r.uid.start + r.uid.count - 1}, gids ${r.gid.start}-${r.gid.start + r.gid.count - 1}`;
