@@ -171,4 +171,15 @@ describe('root: { layers } options', () => {
     await expect(run({ argv: ['true'], root: { layers: [top], upper: '/x' } as never })).rejects.toThrow('root.upper: unknown option (root takes { layers })');
     await expect(run({ argv: ['true'], root: 'image' as never })).rejects.toThrow("root: 'image' must be 'host', 'empty' or { layers: [...] }");
   });
+
+  it.skipIf(isRoot)("as a user: a layer of another owner's is refused up front (nothing in it could be changed inside)", async () => {
+    await expect(run({ argv: ['true'], root: { layers: [top, '/usr'] } })).rejects.toThrow(
+      `root.layers[1]: root layer /usr belongs to uid 0, which is not mapped in the sandbox (mapped: ${process.getuid!()})`,
+    );
+  });
+
+  it.skipIf(!isRoot)("as root: any host directory can be a layer, root's files root's inside", async () => {
+    const r = await run({ argv: ['/bin/stat', '-c', '%u', '/bin/stat'], root: { layers: ['/usr'] } });
+    expect(r.stdout).toBe('0\n');
+  });
 });
