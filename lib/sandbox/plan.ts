@@ -499,7 +499,7 @@ export function buildProcessPart(
   }
   if (opts.argv.some((a) => a.includes('\0'))) fail('argv', 'contains a NUL byte');
   const id = sandbox.identity;
-  const cwd = checkSandboxPath('cwd', opts.cwd ?? (sandbox.root === 'host' || (sandbox.root === 'layers' && sandbox.hasWork) ? WORK_DIR : '/'));
+  const cwd = checkSandboxPath('cwd', opts.cwd ?? (sandbox.hasWork ? WORK_DIR : '/'));
   const user = opts.user;
   if (user !== undefined) {
     if (!Number.isInteger(user.uid) || !Number.isInteger(user.gid) || user.uid < 0 || user.gid < 0) fail('user', 'needs integer uid and gid');
