@@ -188,6 +188,8 @@ export interface Identity {
    */
   uidMapper?: string[];
   gidMapper?: string[];
+  /** Host uids mapped inside, as [start, count] runs (none: every id, no user namespace). */
+  hostUids?: [number, number][];
 }
 
 /**
@@ -230,6 +232,7 @@ function identity(opts: SandboxOptions, ns: Set<NamespaceName>): Identity {
       insideUid: 0,
       insideGid: 0,
       idCount: RANGE_IDS,
+      hostUids: [[uid, 1], [r.uid.start, RANGE_IDS - 1]],
     };
   }
   if (range) {
@@ -244,6 +247,7 @@ function identity(opts: SandboxOptions, ns: Set<NamespaceName>): Identity {
       range,
       initUser: { uid: 0, gid: 0 },
       idCount: range.count,
+      hostUids: [[range.uid, range.count]],
     };
   }
   const insideUid = mapUser === 'root' ? 0 : uid;
@@ -257,6 +261,7 @@ function identity(opts: SandboxOptions, ns: Set<NamespaceName>): Identity {
     insideUid,
     insideGid,
     idCount: 1,
+    hostUids: [[uid, 1]],
   };
 }
 
@@ -494,7 +499,7 @@ export function buildProcessPart(
   }
   if (opts.argv.some((a) => a.includes('\0'))) fail('argv', 'contains a NUL byte');
   const id = sandbox.identity;
-  const cwd = checkSandboxPath('cwd', opts.cwd ?? (sandbox.root === 'host' || (sandbox.root === 'layers' && sandbox.hasWork) ? WORK_DIR : '/'));
+  const cwd = checkSandboxPath('cwd', opts.cwd ?? (sandbox.hasWork ? WORK_DIR : '/'));
   const user = opts.user;
   if (user !== undefined) {
     if (!Number.isInteger(user.uid) || !Number.isInteger(user.gid) || user.uid < 0 || user.gid < 0) fail('user', 'needs integer uid and gid');
@@ -599,6 +604,17 @@ function rootKind(root: SandboxOptions['root']): SandboxPart['root'] {
 function layersRootOp(layers: unknown, id: Identity, rootUpper: string | undefined): NativeOp {
   if (!Array.isArray(layers) || layers.length === 0) fail('root.layers', 'needs at least one host directory (highest priority first)');
   const lower = layers.map((l, j) => hostDir(`root.layers[${j}]`, l, 'root layer'));
+  if (!id.range && id.hostUids) {
+    // Unmapped owners are nobody's inside: not even the sandbox's root may
+    // create /etc/hostname or copy a file up (overlayfs: EOVERFLOW). Said
+    // here rather than as a failed write of the setup.
+    lower.forEach((dir, j) => {
+      const owner = statSync(dir).uid;
+      if (!id.hostUids!.some(([start, count]) => owner >= start && owner < start + count)) {
+        fail(`root.layers[${j}]`, `root layer ${dir} belongs to uid ${owner}, which is not mapped in the sandbox (mapped: ${id.hostUids!.map(([a, n]) => (n === 1 ? a : `${a}-${a + n - 1}`)).join(', ')}): an unprivileged caller's layers must be its own, or its subordinate ids' with ids: 'range'`);
+      }
+    });
+  }
   const { cloneInParent, idmap } = hostSourceFlags(lower[0]!, id.range);
   const op: NativeOp = { kind: 'overlay', dst: '/', lower, nosuid: true, nodev: true, userxattr: id.userns, cloneInParent, idmap };
   if (rootUpper === undefined) {

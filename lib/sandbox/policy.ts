@@ -162,7 +162,7 @@ export function idRangeSupport(): IdRangeSupport {
     return { ok: true, uid: { start: r.uid, count: r.count }, gid: { start: r.gid, count: r.count }, caller: 'root' };
   }
   const r = callerIdRange();
-  if ('reason' in r) return { ok: false, reason: r.reason };
+  if ('reason' in r) return { ok: false, reason: `ids: 'range' ${r.reason}` };
   return { ok: true, uid: r.uid, gid: r.gid, caller: 'subid' };
 }
 

@@ -8,7 +8,8 @@ import { statSync, writeFileSync } from 'node:fs';
 import { userInfo } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { ConfigError, Sandbox, idRangeSupport, run } from '../../lib/sandbox/index.js';
+import { ConfigError, Sandbox, doctor, idRangeSupport, run } from '../../lib/sandbox/index.js';
+import { ID_RANGE_CHECK } from '../../lib/sandbox/doctor.js';
 import { MAP_HELPER_DIRS, SUBID_FILES, rootIdRange, subidEntry } from '../../lib/sandbox/policy.js';
 import { isRoot, tempDir } from '../helpers.js';
 
@@ -109,6 +110,20 @@ describe("ids: 'range' without a subordinate range", () => {
       // Too small a range says so.
       writeFileSync(SUBID_FILES.uid, `${me}:100000:1000\n`);
       await expect(run({ argv: ['true'], ids: 'range' })).rejects.toThrow(/needs 65535 subordinate ids .* gives 1000/);
+    } finally {
+      dir.remove();
+    }
+  });
+
+  it('doctor says whether there is a range, and why not', async () => {
+    const found = async () => (await doctor()).find((c) => c.name === ID_RANGE_CHECK)!;
+    const ok = await found();
+    if (isRoot) expect(ok).toMatchObject({ ok: true, detail: expect.stringMatching(/^root's sandboxes always map ids 0-65535/) });
+    else if (!noRange) expect(ok).toMatchObject({ ok: true, detail: expect.stringMatching(/^0 inside is this user, 1-65535 are its subordinate uids \d+-\d+/) });
+    if (isRoot) return;
+    const dir = emptySubidFiles('');
+    try {
+      expect(await found()).toMatchObject({ ok: false, detail: expect.stringMatching(/^ids: 'range' needs a .* entry for /) });
     } finally {
       dir.remove();
     }
