@@ -32,6 +32,7 @@ import { cpus, loadavg, release } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { openStore, type LayerStore } from '../lib/layers/index.js';
+import { run as runSandbox } from '../lib/sandbox/index.js';
 import { formatBytes, formatMs, formatRatio, formatTable } from '../lib/format.js';
 import { dockerCommand, ensureDocker, startPrivateDocker, stopDocker, type DockerHandle } from './lib/docker.js';
 import { exec, lastLines } from './lib/proc.js';
@@ -163,10 +164,34 @@ async function timed(fn: () => Promise<unknown>): Promise<number> {
   return performance.now() - t;
 }
 
-/** Remove a tree the store wrote (the id range's files need the store's remover when not root). */
-function removeDir(dir: string): void {
+/**
+ * Remove a tree the benchmark made. An unprivileged caller's image layers
+ * hold files owned by its subordinate ids, which only an `ids: 'range'`
+ * sandbox (root inside, as the importer unpacked them) can delete.
+ */
+async function removeDir(dir: string): Promise<void> {
   try {
     rmSync(dir, { recursive: true, force: true });
+    return;
+  } catch (err) {
+    if (process.getuid?.() === 0) {
+      log(`could not remove ${dir}: ${describe(err)}`);
+      return;
+    }
+  }
+  const parent = path.dirname(dir);
+  // Typed loosely: `ids` belongs to the image work (issue 11) in lib/sandbox.
+  const opts = {
+    root: 'host',
+    ids: 'range',
+    mounts: [{ type: 'bind', source: parent, target: parent }],
+    argv: ['rm', '-rf', '--one-file-system', '--', dir],
+    cwd: '/',
+    capabilities: ['CAP_DAC_OVERRIDE', 'CAP_FOWNER'],
+  };
+  try {
+    const r = await runSandbox(opts as unknown as Parameters<typeof runSandbox>[0]);
+    if (r.exitCode !== 0) log(`could not remove ${dir}: rm in an ids: 'range' sandbox exited ${r.exitCode}: ${lastLines(String(r.stderr))}`);
   } catch (err) {
     log(`could not remove ${dir}: ${describe(err)}`);
   }
@@ -306,7 +331,7 @@ async function benchColdAndDisk(o: Options, api: ImagesApi | string, work: strin
       const store = await openImageStore(a, root);
       mLoad.push(await timed(() => a.importImage(store, APP_TAR)));
       mFirst.push(await timed(miniRun(a, store, IMAGE)));
-      removeDir(root);
+      await removeDir(root);
     };
     const rounds = [...(priv ? [dockerRound] : []), ...(miniReason ? [] : [miniRound])];
     if (rounds.length) {
@@ -356,7 +381,7 @@ async function benchColdAndDisk(o: Options, api: ImagesApi | string, work: strin
         const base = duBytes(root) - empty;
         await a.importImage(store, tenTar);
         diskMini = { status: 'ok', value: { base, all: duBytes(root) - empty } };
-        removeDir(root);
+        await removeDir(root);
       }
     }
     return { cold, disk: { images: o.images, docker: diskDocker, mini: diskMini } };
@@ -391,7 +416,7 @@ async function main(): Promise<void> {
     warm = await benchWarm(o, api, work);
     ({ cold, disk } = await benchColdAndDisk(o, api, work));
   } finally {
-    removeDir(work);
+    await removeDir(work);
   }
 
   const verdicts = {
