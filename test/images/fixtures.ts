@@ -26,6 +26,8 @@ import { join } from 'node:path';
 export const IMAGES = { base: 'msbx-test/base:1', app: 'msbx-test/app:1', app2: 'msbx-test/app2:1' } as const;
 /** The loopback registry scripts/test-images.sh starts (plain HTTP). */
 export const REGISTRY = '127.0.0.1:5000';
+/** app:1 and app2:1 as pushed there (the base is not pushed on its own; both images carry it). */
+export const REGISTRY_IMAGES = { app: `${REGISTRY}/msbx-test/app:1`, app2: `${REGISTRY}/msbx-test/app2:1` } as const;
 /** What `app:1` is built to show (test/images/docker/app/Dockerfile). */
 export const APP = {
   uid: 1000,
