@@ -291,7 +291,10 @@ export class RegistryHttp {
     if (/certificate|self.signed|unable to (get|verify)/i.test(err.message) || /^(CERT_|DEPTH_ZERO|SELF_SIGNED|UNABLE_TO)/.test(err.code ?? '')) {
       hint = ' (the registry\'s TLS certificate is not trusted: pass its CA as ca)';
     }
-    return this.error(`${what}: cannot reach ${url.host}: ${err.message}${hint}`, { cause: err });
+    // OpenSSL's messages carry its error stack and source file: keep the reason.
+    const ssl = /SSL routines:[^:]*:([^:]+):/.exec(err.message);
+    const reason = ssl ? `TLS handshake failed: ${ssl[1]}` : err.message.replace(/\s+/g, ' ').trim();
+    return this.error(`${what}: cannot reach ${url.host}: ${reason}${hint}`, { cause: err });
   }
 
   aborted(signal: AbortSignal): RegistryError {
