@@ -253,6 +253,8 @@ async function pullError(p: Promise<unknown>): Promise<RegistryError> {
   return err as RegistryError;
 }
 
+afterAll(() => rmSync(ROOT, { recursive: true, force: true }));
+
 let outCount = 0;
 const outDir = () => join(ROOT, `out-${++outCount}`);
 
@@ -330,7 +332,6 @@ describe.skipIf(noRegistry)('pullToLayout from docker-registry', () => {
   });
   afterAll(async () => {
     await Promise.all(running.map(stopChild));
-    rmSync(ROOT, { recursive: true, force: true });
   });
 
   it('pulls by tag into an OCI layout that skopeo reads, every blob verified', async () => {
@@ -430,7 +431,7 @@ describe.skipIf(noRegistry)('pullToLayout from docker-registry', () => {
     await push(open.host, 'test/tampered', '1', img);
     tamper(storedBlob(storage, img.layers[1]!.digest));
     const fresh = outDir();
-    const err = await pullError(pullToLayout(`${open.host}/test/tampered:1`, { dir: fresh, insecure: true }));
+    const err = await pullError(pullToLayout(`${open.host}/test/tampered:1`, { dir: join(fresh, 'parents', 'made', 'too'), insecure: true }));
     expect(err.message).toMatch(new RegExp(`^pull ${open.host}/test/tampered:1: layer ${img.layers[1]!.digest}: digest mismatch: the registry sent bytes whose sha256 is sha256:[0-9a-f]{64}$`));
     expect(existsSync(fresh)).toBe(false);
     // A directory the caller made is left as it was: empty.
@@ -640,6 +641,33 @@ describe.skipIf(noRegistry)('pullToLayout from docker-registry', () => {
       const err = await pullError(pullToLayout(`${reg.host}/test/single:1`, { dir: outDir() }));
       expect(err.message).toMatch(new RegExp(`^pull ${reg.host}/test/single:1: manifest 1: cannot reach ${reg.host}: self.signed certificate.*pass its CA as ca\\)$`));
     });
+  });
+});
+
+/** The fixture registry (scripts/test-images.sh) answers for msbx-test/app:1, or why not. */
+const FIXTURE = '127.0.0.1:5000';
+const noFixture = await request(`http://${FIXTURE}/v2/msbx-test/app/manifests/1`, {
+  method: 'HEAD',
+  headers: { accept: 'application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json' },
+}).then(
+  (r) => (r.status === 200 ? undefined : `the fixture registry on ${FIXTURE} has no msbx-test/app:1 (HTTP ${r.status}): scripts/test-images.sh pushes it`),
+  (err: Error) => `no fixture registry on ${FIXTURE} (${err.message}): scripts/test-images.sh starts it`,
+);
+
+describe.skipIf(noFixture)(`the fixture registry on ${FIXTURE}`, () => {
+
+  it('pulls msbx-test/app:1, then app2:1 fetching only the layer app does not have', async () => {
+    const app = await pullToLayout(`${FIXTURE}/msbx-test/app:1`, { dir: outDir(), insecure: true });
+    const config = app.config as { architecture: string; config: { User?: string; WorkingDir?: string } };
+    expect([config.architecture, config.config.User, config.config.WorkingDir]).toEqual([HOST.architecture, 'dev', '/home/dev/project']);
+    expect(app.layers).toHaveLength(2);
+    for (const l of app.layers) expect(statSync(join(app.dir, 'blobs/sha256', l.digest.slice(7))).size).toBe(l.size);
+    const have = new Set(app.layers.map((l) => l.diffId));
+    let last: PullProgress | undefined;
+    const app2 = await pullToLayout(`${FIXTURE}/msbx-test/app2:1`, { dir: outDir(), insecure: true, have: (d) => have.has(d), onProgress: (p) => (last = p) });
+    expect(app2.layers.map((l) => l.present)).toEqual([false, true]);
+    expect(app2.layers[0]!.diffId).toBe(app.layers[0]!.diffId);
+    expect(last).toMatchObject({ layers: 1, totalLayers: 1, totalBytes: app2.layers[1]!.size });
   });
 });
 
