@@ -74,22 +74,39 @@ function statusText(res: http.IncomingMessage): string {
   return `${code} ${res.statusMessage || http.STATUS_CODES[code] || ''}`.trim();
 }
 
-/** Read a small body whole (at most `limit` bytes; more is an error). */
-export function readBody(res: http.IncomingMessage, limit: number, what: string): Promise<Buffer> {
+/**
+ * Read a small body whole: more than `limit` bytes, or nothing for
+ * `idleMs`, is an error worded to follow the caller's "what: ".
+ */
+export function readBody(res: http.IncomingMessage, limit: number, idleMs: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let n = 0;
+    let idle: NodeJS.Timeout | undefined;
+    // Why we stopped reading: 'aborted' and 'error' follow our destroy() with Node's own wording.
+    let stopped: Error | undefined;
+    const stop = (why: string) => res.destroy((stopped = new Error(why)));
+    const watch = () => {
+      clearTimeout(idle);
+      idle = setTimeout(() => stop(`nothing received for ${idleMs / 1000} s (after ${n} bytes)`), idleMs);
+    };
+    const fail = (err: Error) => {
+      clearTimeout(idle);
+      reject(stopped ?? err);
+    };
+    watch();
     res.on('data', (c: Buffer) => {
       n += c.length;
-      if (n > limit) {
-        res.destroy(new Error(`${what} is larger than ${limit} bytes`));
-        return;
-      }
+      if (n > limit) return void stop(`more than ${limit} bytes, too many for what it should be`);
       chunks.push(c);
+      watch();
     });
-    res.on('end', () => resolve(Buffer.concat(chunks)));
-    res.on('error', reject);
-    res.on('aborted', () => reject(new Error(`${what}: connection closed before the end`)));
+    res.on('end', () => {
+      clearTimeout(idle);
+      resolve(Buffer.concat(chunks));
+    });
+    res.on('error', fail);
+    res.on('aborted', () => fail(new Error('the connection closed before the end')));
   });
 }
 
@@ -172,7 +189,7 @@ export class RegistryHttp {
   }
 
   async #failed(what: string, res: http.IncomingMessage): Promise<RegistryError> {
-    const body = await readBody(res, SMALL_BODY, 'error body').catch(() => Buffer.alloc(0));
+    const body = await readBody(res, SMALL_BODY, this.opts.timeoutMs).catch(() => Buffer.alloc(0));
     const reason = registryReason(body);
     return this.error(`${what}: ${statusText(res)}${reason ? ` (${reason})` : ''}`, { status: res.statusCode ?? 0 });
   }
@@ -206,7 +223,9 @@ export class RegistryHttp {
       );
     }
     if (res.statusCode < 200 || res.statusCode >= 300) throw await this.#failed(`token from ${realm.origin}${realm.pathname}`, res.res);
-    const body = await readBody(res.res, SMALL_BODY, 'token reply');
+    const body = await readBody(res.res, SMALL_BODY, this.opts.timeoutMs).catch((err: Error) => {
+      throw this.error(`token from ${realm.origin}${realm.pathname}: ${err.message}`, { cause: err });
+    });
     let token: unknown;
     try {
       const json = JSON.parse(body.toString('utf8')) as { token?: unknown; access_token?: unknown };
@@ -273,7 +292,7 @@ export class RegistryHttp {
       });
       req.on('response', (res) => {
         signal?.removeEventListener('abort', onAbort);
-        // The header wait is over; a stalled body is the reader's watchdog's business.
+        // The header wait is over; a stalled body is the reader's watchdog's business (readBody, streamBlob).
         req.setTimeout(0);
         resolve(res);
       });

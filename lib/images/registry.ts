@@ -372,7 +372,7 @@ interface FetchedManifest {
 async function fetchManifest(client: RegistryHttp, tagOrDigest: string, pinned: string | undefined): Promise<FetchedManifest> {
   const what = `manifest ${tagOrDigest}`;
   const res = await client.get(`manifests/${tagOrDigest}`, { accept: ACCEPT }, what);
-  const bytes = await readBody(res, MANIFEST_LIMIT, what).catch((err: Error) => {
+  const bytes = await readBody(res, MANIFEST_LIMIT, client.opts.timeoutMs).catch((err: Error) => {
     throw client.error(`${what}: ${err.message}`, { cause: err });
   });
   const digest = `sha256:${createHash('sha256').update(bytes).digest('hex')}`;

@@ -498,6 +498,47 @@ describe.skipIf(noRegistry)('pullToLayout from docker-registry', () => {
     }
   });
 
+  /** A proxy to the real registry that stops sending the response to `path` after `keep` bytes. */
+  async function stallingProxy(stallsOn: (url: string) => boolean, keep: number): Promise<{ host: string; close(): void }> {
+    const proxy = http.createServer((req, res) => {
+      const upstream = http.request(`http://${open.host}${req.url}`, { method: req.method, headers: req.headers }, (up) => {
+        res.writeHead(up.statusCode!, up.headers);
+        if (!stallsOn(req.url!)) return void up.pipe(res);
+        let sent = 0;
+        up.on('data', (c: Buffer) => {
+          if (sent < keep) res.write(c.subarray(0, keep - sent));
+          sent += c.length;
+        });
+      });
+      upstream.end();
+    });
+    await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', r));
+    return {
+      host: `127.0.0.1:${(proxy.address() as net.AddressInfo).port}`,
+      close: () => {
+        proxy.closeAllConnections();
+        proxy.close();
+      },
+    };
+  }
+
+  it('a registry that stalls in the middle of a layer or a manifest times out, saying where', async () => {
+    const stalled = big.layers[0]!.digest;
+    const layer = await stallingProxy((url) => url.endsWith(`/blobs/${stalled}`), 65536);
+    const manifest = await stallingProxy((url) => url.includes('/manifests/'), 10);
+    try {
+      const dir = outDir();
+      const err = await pullError(pullToLayout(`${layer.host}/test/big:1`, { dir, insecure: true, timeoutMs: 500 }));
+      expect(err.message).toBe(`pull ${layer.host}/test/big:1: layer ${stalled}: the registry sent nothing for 0.5 s (after 65536 of ${big.layers[0]!.size} bytes)`);
+      expect(existsSync(dir)).toBe(false);
+      const early = await pullError(pullToLayout(`${manifest.host}/test/big:1`, { dir, insecure: true, timeoutMs: 500 }));
+      expect(early.message).toBe(`pull ${manifest.host}/test/big:1: manifest 1: nothing received for 0.5 s (after 10 bytes)`);
+    } finally {
+      layer.close();
+      manifest.close();
+    }
+  });
+
   describe.skipIf(noBcrypt)('Basic auth (htpasswd), with blobs redirected to another server', () => {
     let reg: Registry;
     let storageServer: http.Server;
