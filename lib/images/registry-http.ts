@@ -125,6 +125,8 @@ function registryReason(body: Buffer): string {
 export class RegistryHttp {
   readonly base: URL;
   readonly #agent: http.Agent;
+  /** Node's roots plus `opts.ca`, for the registry and for whatever it redirects to. */
+  readonly #ca: string[] | undefined;
   #authorization: string | undefined;
 
   /**
@@ -144,9 +146,8 @@ export class RegistryHttp {
       );
     }
     this.base = new URL(`${opts.insecure ? 'http' : 'https'}://${registry}/`);
-    this.#agent = opts.insecure
-      ? new http.Agent({ keepAlive: true })
-      : new https.Agent({ keepAlive: true, ...(opts.ca ? { ca: [...tls.rootCertificates, String(opts.ca)] } : {}) });
+    this.#ca = opts.ca ? [...tls.rootCertificates, String(opts.ca)] : undefined;
+    this.#agent = opts.insecure ? new http.Agent({ keepAlive: true }) : new https.Agent({ keepAlive: true, ...(this.#ca ? { ca: this.#ca } : {}) });
   }
 
   error(message: string, extra: { status?: number; cause?: unknown } = {}): RegistryError {
@@ -279,7 +280,7 @@ export class RegistryHttp {
         method: 'GET',
         headers: { 'user-agent': 'minisandbox', ...headers },
         // The agent is for the registry's origin; storage a blob redirects to gets a fresh connection.
-        ...(url.origin === this.base.origin ? { agent: this.#agent } : {}),
+        ...(url.origin === this.base.origin ? { agent: this.#agent } : !plain && this.#ca ? { ca: this.#ca } : {}),
         ...(plain ? { lookup: loopbackLookup as unknown as typeof dns.lookup } : {}),
         timeout: timeoutMs,
       });

@@ -224,7 +224,8 @@ export async function pullToLayout(ref: string, opts: PullOptions): Promise<Pull
     return await pull(client, reference, want, layout, opts, () => stop.abort());
   } catch (err) {
     await layout.undo();
-    if (opts.signal?.aborted && !(err instanceof RegistryError && err.message.endsWith(': aborted'))) throw client.aborted(opts.signal);
+    // Whatever broke first as the abort landed (a socket, a stream), the caller's abort is the reason.
+    if (opts.signal?.aborted) throw client.aborted(opts.signal);
     if (err instanceof RegistryError) throw err;
     throw client.error(err instanceof Error ? err.message : String(err), { cause: err });
   } finally {
