@@ -74,22 +74,39 @@ function statusText(res: http.IncomingMessage): string {
   return `${code} ${res.statusMessage || http.STATUS_CODES[code] || ''}`.trim();
 }
 
-/** Read a small body whole (at most `limit` bytes; more is an error). */
-export function readBody(res: http.IncomingMessage, limit: number, what: string): Promise<Buffer> {
+/**
+ * Read a small body whole: more than `limit` bytes, or nothing for
+ * `idleMs`, is an error worded to follow the caller's "what: ".
+ */
+export function readBody(res: http.IncomingMessage, limit: number, idleMs: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let n = 0;
+    let idle: NodeJS.Timeout | undefined;
+    // Why we stopped reading: 'aborted' and 'error' follow our destroy() with Node's own wording.
+    let stopped: Error | undefined;
+    const stop = (why: string) => res.destroy((stopped = new Error(why)));
+    const watch = () => {
+      clearTimeout(idle);
+      idle = setTimeout(() => stop(`nothing received for ${idleMs / 1000} s (after ${n} bytes)`), idleMs);
+    };
+    const fail = (err: Error) => {
+      clearTimeout(idle);
+      reject(stopped ?? err);
+    };
+    watch();
     res.on('data', (c: Buffer) => {
       n += c.length;
-      if (n > limit) {
-        res.destroy(new Error(`${what} is larger than ${limit} bytes`));
-        return;
-      }
+      if (n > limit) return void stop(`more than ${limit} bytes, too many for what it should be`);
       chunks.push(c);
+      watch();
     });
-    res.on('end', () => resolve(Buffer.concat(chunks)));
-    res.on('error', reject);
-    res.on('aborted', () => reject(new Error(`${what}: connection closed before the end`)));
+    res.on('end', () => {
+      clearTimeout(idle);
+      resolve(Buffer.concat(chunks));
+    });
+    res.on('error', fail);
+    res.on('aborted', () => fail(new Error('the connection closed before the end')));
   });
 }
 
@@ -108,6 +125,8 @@ function registryReason(body: Buffer): string {
 export class RegistryHttp {
   readonly base: URL;
   readonly #agent: http.Agent;
+  /** Node's roots plus `opts.ca`, for the registry and for whatever it redirects to. */
+  readonly #ca: string[] | undefined;
   #authorization: string | undefined;
 
   /**
@@ -127,9 +146,8 @@ export class RegistryHttp {
       );
     }
     this.base = new URL(`${opts.insecure ? 'http' : 'https'}://${registry}/`);
-    this.#agent = opts.insecure
-      ? new http.Agent({ keepAlive: true })
-      : new https.Agent({ keepAlive: true, ...(opts.ca ? { ca: [...tls.rootCertificates, String(opts.ca)] } : {}) });
+    this.#ca = opts.ca ? [...tls.rootCertificates, String(opts.ca)] : undefined;
+    this.#agent = opts.insecure ? new http.Agent({ keepAlive: true }) : new https.Agent({ keepAlive: true, ...(this.#ca ? { ca: this.#ca } : {}) });
   }
 
   error(message: string, extra: { status?: number; cause?: unknown } = {}): RegistryError {
@@ -172,7 +190,7 @@ export class RegistryHttp {
   }
 
   async #failed(what: string, res: http.IncomingMessage): Promise<RegistryError> {
-    const body = await readBody(res, SMALL_BODY, 'error body').catch(() => Buffer.alloc(0));
+    const body = await readBody(res, SMALL_BODY, this.opts.timeoutMs).catch(() => Buffer.alloc(0));
     const reason = registryReason(body);
     return this.error(`${what}: ${statusText(res)}${reason ? ` (${reason})` : ''}`, { status: res.statusCode ?? 0 });
   }
@@ -206,7 +224,9 @@ export class RegistryHttp {
       );
     }
     if (res.statusCode < 200 || res.statusCode >= 300) throw await this.#failed(`token from ${realm.origin}${realm.pathname}`, res.res);
-    const body = await readBody(res.res, SMALL_BODY, 'token reply');
+    const body = await readBody(res.res, SMALL_BODY, this.opts.timeoutMs).catch((err: Error) => {
+      throw this.error(`token from ${realm.origin}${realm.pathname}: ${err.message}`, { cause: err });
+    });
     let token: unknown;
     try {
       const json = JSON.parse(body.toString('utf8')) as { token?: unknown; access_token?: unknown };
@@ -260,7 +280,7 @@ export class RegistryHttp {
         method: 'GET',
         headers: { 'user-agent': 'minisandbox', ...headers },
         // The agent is for the registry's origin; storage a blob redirects to gets a fresh connection.
-        ...(url.origin === this.base.origin ? { agent: this.#agent } : {}),
+        ...(url.origin === this.base.origin ? { agent: this.#agent } : !plain && this.#ca ? { ca: this.#ca } : {}),
         ...(plain ? { lookup: loopbackLookup as unknown as typeof dns.lookup } : {}),
         timeout: timeoutMs,
       });
@@ -273,7 +293,7 @@ export class RegistryHttp {
       });
       req.on('response', (res) => {
         signal?.removeEventListener('abort', onAbort);
-        // The header wait is over; a stalled body is the reader's watchdog's business.
+        // The header wait is over; a stalled body is the reader's watchdog's business (readBody, streamBlob).
         req.setTimeout(0);
         resolve(res);
       });
@@ -291,7 +311,10 @@ export class RegistryHttp {
     if (/certificate|self.signed|unable to (get|verify)/i.test(err.message) || /^(CERT_|DEPTH_ZERO|SELF_SIGNED|UNABLE_TO)/.test(err.code ?? '')) {
       hint = ' (the registry\'s TLS certificate is not trusted: pass its CA as ca)';
     }
-    return this.error(`${what}: cannot reach ${url.host}: ${err.message}${hint}`, { cause: err });
+    // OpenSSL's messages carry its error stack and source file: keep the reason.
+    const ssl = /SSL routines:[^:]*:([^:]+):/.exec(err.message);
+    const reason = ssl ? `TLS handshake failed: ${ssl[1]}` : err.message.replace(/\s+/g, ' ').trim();
+    return this.error(`${what}: cannot reach ${url.host}: ${reason}${hint}`, { cause: err });
   }
 
   aborted(signal: AbortSignal): RegistryError {

@@ -9,7 +9,7 @@
  */
 import { createHash, randomBytes } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
-import { mkdir, readdir, rename, rm, rmdir, stat, unlink, writeFile } from 'node:fs/promises';
+import { mkdir, rename, rm, unlink, writeFile } from 'node:fs/promises';
 import type http from 'node:http';
 import path from 'node:path';
 import { Transform, Writable } from 'node:stream';
@@ -79,7 +79,7 @@ export interface PullProgress {
 }
 
 export interface PullOptions {
-  /** The OCI layout to write: created if absent; on failure what the pull wrote is removed. */
+  /** The OCI layout to write: created (with its parents) if absent; on failure what the pull wrote or created is removed. */
   dir: string;
   /** Whether the caller already has the layer with this diffID (then its blob is not fetched). */
   have?: (diffId: string) => boolean | Promise<boolean>;
@@ -156,20 +156,15 @@ interface Descriptor {
 class LayoutWriter {
   readonly blobs: string;
   #written: string[] = [];
-  #createdDirs: string[] = [];
+  /** The top-most directory this pull created (the layout's, a parent of it, or blobs/), if any. */
+  #created: string | undefined;
 
   constructor(readonly dir: string) {
     this.blobs = path.join(dir, 'blobs', 'sha256');
   }
 
   async open(): Promise<void> {
-    for (const d of [this.dir, path.join(this.dir, 'blobs'), this.blobs]) {
-      const existed = await stat(d).then((s) => s.isDirectory(), () => false);
-      if (!existed) {
-        await mkdir(d);
-        this.#createdDirs.unshift(d);
-      }
-    }
+    this.#created = await mkdir(this.blobs, { recursive: true });
   }
 
   blobPath(digest: string): string {
@@ -197,14 +192,7 @@ class LayoutWriter {
 
   async undo(): Promise<void> {
     for (const f of this.#written) await unlink(f).catch(() => undefined);
-    if (this.#createdDirs.length === 3) {
-      // The whole directory is ours: remove it even if something else landed in it meanwhile.
-      await rm(this.dir, { recursive: true, force: true });
-      return;
-    }
-    for (const d of this.#createdDirs) {
-      if ((await readdir(d).catch(() => ['?'])).length === 0) await rmdir(d).catch(() => undefined);
-    }
+    if (this.#created) await rm(this.#created, { recursive: true, force: true });
   }
 }
 
@@ -236,7 +224,8 @@ export async function pullToLayout(ref: string, opts: PullOptions): Promise<Pull
     return await pull(client, reference, want, layout, opts, () => stop.abort());
   } catch (err) {
     await layout.undo();
-    if (opts.signal?.aborted && !(err instanceof RegistryError && err.message.endsWith(': aborted'))) throw client.aborted(opts.signal);
+    // Whatever broke first as the abort landed (a socket, a stream), the caller's abort is the reason.
+    if (opts.signal?.aborted) throw client.aborted(opts.signal);
     if (err instanceof RegistryError) throw err;
     throw client.error(err instanceof Error ? err.message : String(err), { cause: err });
   } finally {
@@ -384,7 +373,7 @@ interface FetchedManifest {
 async function fetchManifest(client: RegistryHttp, tagOrDigest: string, pinned: string | undefined): Promise<FetchedManifest> {
   const what = `manifest ${tagOrDigest}`;
   const res = await client.get(`manifests/${tagOrDigest}`, { accept: ACCEPT }, what);
-  const bytes = await readBody(res, MANIFEST_LIMIT, what).catch((err: Error) => {
+  const bytes = await readBody(res, MANIFEST_LIMIT, client.opts.timeoutMs).catch((err: Error) => {
     throw client.error(`${what}: ${err.message}`, { cause: err });
   });
   const digest = `sha256:${createHash('sha256').update(bytes).digest('hex')}`;
