@@ -198,17 +198,21 @@ export async function extractImageLayer(input: Readable, dest: string, opts: Ima
       cb(null, chunk);
     },
   });
-  const uncompressed = new Transform({
-    transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback) {
-      inner.update(chunk);
-      cb(null, chunk);
-    },
-  });
+  // An uncompressed layer's blob digest is its diffID: hashed once.
+  const plain = opts.compression === 'none';
+  const uncompressed = plain
+    ? undefined
+    : new Transform({
+        transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback) {
+          inner.update(chunk);
+          cb(null, chunk);
+        },
+      });
   const checker = new TarChecker(label, { label, whiteouts: 'overlay' });
   await unpack({
     input,
     counter,
-    afterDecompress: uncompressed,
+    ...(uncompressed ? { afterDecompress: uncompressed } : {}),
     compression: opts.compression,
     checker,
     tarArgs: [
@@ -226,7 +230,7 @@ export async function extractImageLayer(input: Readable, dest: string, opts: Ima
   });
   opts.onProgress?.(bytes);
   const digest = outer.digest('hex');
-  const diffId = inner.digest('hex');
+  const diffId = plain ? digest : inner.digest('hex');
   if (wantDigest !== undefined && digest !== wantDigest)
     throw new FileError(`${label}: blob sha256 is ${digest}, not ${wantDigest} as its manifest says: the layer was altered or damaged; nothing was stored`);
   if (diffId !== wantDiffId)
