@@ -14,7 +14,7 @@ import { dedupTree, gcObjects, type DedupOptions, type DedupResult } from './ded
 import { LayerError } from './errors.js';
 import { checkOwner, isLive, pinRequest, readPin, readPins, removePin, withPinsLock, writePin, type Pin, type PinOptions, type PinRequest } from './pins.js';
 import { scanForPrefix, type PrefixFile } from './relocate.js';
-import { LISTING_FILE, compareListings, treeListing, type HashCache, type LayerProblem, type ListingEntry } from './verify.js';
+import { LISTING_FILE, compareListings, listingText, treeListing, type HashCache, type LayerProblem, type ListingEntry, type ListingResult } from './verify.js';
 
 /**
  * Content-addressed store of read-only layer trees.
@@ -102,6 +102,13 @@ export interface StoreOptions {
    * in an `ids: 'range'` sandbox.
    */
   removeForeign?: (dir: string) => Promise<void>;
+  /**
+   * The listing (see verify.ts) of such a tree, which the caller cannot
+   * read itself: used to record and verify image layers stored with owners
+   * 'range'. The images room provides one that reads the tree from an
+   * `ids: 'range'` sandbox.
+   */
+  listForeign?: (tree: string) => Promise<ListingEntry[]>;
 }
 
 /** A container image layer for addImageLayer. */
@@ -204,7 +211,7 @@ export async function openStore(opts: StoreOptions = {}): Promise<LayerStore> {
   if (opts.budget instanceof IoBudget) budget = opts.budget;
   else if (opts.budget !== false) budget = new IoBudget({ ...(opts.budget ?? {}), dir: path.join(root, 'budget') });
   const dedup = opts.dedup === false ? undefined : opts.dedup === true || opts.dedup === undefined ? {} : opts.dedup;
-  return new LayerStore(root, budget, dedup, opts.lockTimeoutMs, opts.removeForeign);
+  return new LayerStore(root, budget, dedup, opts.lockTimeoutMs, opts.removeForeign, opts.listForeign);
 }
 
 type Builder = (tree: string, ticketProgress: (done: number) => void) => Promise<void>;
@@ -226,7 +233,14 @@ export class LayerStore {
     private readonly dedupOpts: DedupOptions | undefined,
     private readonly lockTimeoutMs: number | undefined,
     private readonly removeForeign?: (dir: string) => Promise<void>,
+    private readonly listForeign?: (tree: string) => Promise<ListingEntry[]>,
   ) {}
+
+  /** The listing of an image layer's tree, read where its owners' files can be read. */
+  private async imageListing(tree: string, owners: string | undefined, cache?: HashCache): Promise<ListingResult> {
+    if (owners !== 'range' || !this.listForeign) return treeListing(tree, cache ? { cache } : {});
+    return listingText(await this.listForeign(tree));
+  }
 
   /** Delete a tree under the store, through removeForeign when the caller's own rights do not reach. */
   private async removeTree(dir: string): Promise<void> {
@@ -439,7 +453,7 @@ export class LayerStore {
     if (src.kind === 'image-layer') {
       // Modes as the image has them and no dedup (see addImageLayer); the
       // tree is only ever mounted read-only, as a lower dir.
-      const listing = await treeListing(tree);
+      const listing = await this.imageListing(tree, src.owners);
       return {
         manifest: {
           version: 1,
@@ -652,7 +666,8 @@ export class LayerStore {
         recorded = text.split('\n').filter(Boolean).map((l) => JSON.parse(l) as ListingEntry);
       }
     }
-    const now = await treeListing(layer.path, { cache }).catch((err: unknown) => {
+    const listed = m.sourceKind === 'image-layer' ? this.imageListing(layer.path, m.owners, cache) : treeListing(layer.path, { cache });
+    const now = await listed.catch((err: unknown) => {
       check.problems.push({ path: '.', what: 'unreadable', actual: (err as Error).message });
       return undefined;
     });

@@ -9,6 +9,8 @@ import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { ImageError, getImage, importImage, listImages, removeImage, runImage } from '../../lib/images/index.js';
 import type { LayerStore } from '../../lib/layers/index.js';
+import { listInRange } from '../../lib/images/owners.js';
+import { treeListing } from '../../lib/layers/verify.js';
 import { idRangeSupport } from '../../lib/sandbox/index.js';
 import { writeDockerSave, writeOciLayout, type HandImage, type TarEntry } from './build.js';
 import { EMPTY, storeIsEmpty, tempStore } from './helpers.js';
@@ -197,5 +199,36 @@ describe('image layers made by hand', () => {
     const [rec] = await importImage(store, dir);
     expect(rec!.owners).toBe(process.getuid?.() === 0 ? 'kept' : 'range');
     expect((await runImage(store, rec!.id, ['/bin/stat', '-c', '%u:%g', '/data/owned'], { mounts: usr })).stdout).toBe('1234:4321\n');
+  });
+
+  it.skipIf(!idRangeSupport().ok)('lists a tree from an ids: range sandbox exactly as the store lists it', async () => {
+    const dir = join(t.dir, 'img');
+    const { diffIds } = writeDockerSave(dir, { layers: [BASE, TOP] });
+    await importImage(store, dir);
+    for (const d of diffIds) {
+      const layer = (await store.get(d))!;
+      expect(await listInRange(layer.path)).toEqual((await treeListing(layer.path)).entries);
+    }
+  });
+
+  it.skipIf(!idRangeSupport().ok)("stores and verifies files and directories of other users that only they may read (apt's partial/, a 0600 key)", async () => {
+    const dir = join(t.dir, 'img');
+    writeDockerSave(dir, {
+      layers: [
+        BASE,
+        [
+          { name: 'data/partial/', type: '5', mode: 0o700, uid: 42, gid: 0 },
+          { name: 'data/partial/f', data: 'p\n', mode: 0o600, uid: 42, gid: 0 },
+          { name: 'data/key', data: 'k\n', mode: 0o600, uid: 1000, gid: 1000 },
+        ],
+      ],
+    });
+    const [rec] = await importImage(store, dir);
+    expect((await store.verify()).map((c) => c.status)).toEqual(['ok', 'ok']);
+    expect((await runImage(store, rec!.id, ['/bin/sh', '-c', 'stat -c "%a %u %n" /data/partial /data/partial/f /data/key; cat /data/key'], { mounts: usr })).stdout).toBe(
+      '700 42 /data/partial\n600 42 /data/partial/f\n600 1000 /data/key\nk\n',
+    );
+    await removeImage(store, rec!.id);
+    expect((await store.gc()).removedLayers.length).toBe(2);
   });
 });
