@@ -7,7 +7,7 @@ import { execFileSync } from 'node:child_process';
 import { lstatSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { ImageError, getImage, importImage, listImages, removeImage, runImage } from '../../lib/images/index.js';
+import { ImageError, createImageSandbox, getImage, importImage, listImages, removeImage, runImage } from '../../lib/images/index.js';
 import type { LayerStore } from '../../lib/layers/index.js';
 import { listInRange } from '../../lib/images/owners.js';
 import { treeListing } from '../../lib/layers/verify.js';
@@ -148,6 +148,31 @@ describe('image layers made by hand', () => {
     await expect(getImage(store, 'b:1')).rejects.toThrow(/no such image/);
     expect((await store.gc()).removedLayers.length).toBe(2);
     expect(await storeIsEmpty(store)).toEqual(EMPTY);
+  });
+
+  it('keeps the layers of a running sandbox through image rm and gc, and lets them go when it closes', async () => {
+    const dir = join(t.dir, 'img');
+    writeDockerSave(dir, { layers: [BASE, TOP] });
+    const [rec] = await importImage(store, dir);
+    const sb = await createImageSandbox(store, rec!.id, { mounts: usr });
+    try {
+      await removeImage(store, rec!.id);
+      expect((await store.gc()).removedLayers).toEqual([]);
+      expect((await sb.exec(['/bin/cat', '/data/dir/new'])).stdout).toBe('new\n');
+    } finally {
+      await sb.close();
+    }
+    expect((await store.gc()).removedLayers.length).toBe(2);
+    expect(await storeIsEmpty(store)).toEqual(EMPTY);
+  });
+
+  it('imports one image twice at once: one copy of each layer, one record', async () => {
+    const dir = join(t.dir, 'img');
+    writeDockerSave(dir, { layers: [BASE, TOP] });
+    const [a, b] = await Promise.all([importImage(store, dir), importImage(store, dir)]);
+    expect(a![0]!.id).toBe(b![0]!.id);
+    expect((await store.list()).length).toBe(2);
+    expect((await listImages(store)).length).toBe(1);
   });
 
   it('refuses a tampered layer (diffID mismatch) and removes the layers it had stored', async () => {
