@@ -188,7 +188,7 @@ function rootOptions(rec: ImageRecord, layers: string[], extra: string[] | undef
 async function holdLayers(store: LayerStore, rec: ImageRecord): Promise<{ layers: string[]; release: () => Promise<void> }> {
   const owner = `image-sandbox:${rec.id}:${process.pid}:${randomBytes(6).toString('hex')}`;
   try {
-    await store.pin(owner, rec.layers, { whileAlive: true, label: `sandbox of image ${rec.names[0] ?? rec.id.slice(0, 12)}` });
+    await store.hold(owner, rec.layers, { label: `sandbox of image ${rec.names[0] ?? rec.id.slice(0, 12)}` });
   } catch (err) {
     throw new ImageError(`image ${rec.names[0] ?? rec.id.slice(0, 12)}: its layers are not all in the store (${(err as Error).message}); import or pull it again`, { cause: err });
   }

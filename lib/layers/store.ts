@@ -434,6 +434,27 @@ export class LayerStore {
     }
   }
 
+  /**
+   * A pin of work in progress (it counts while this process lives) on
+   * layers that are already in the store, for readers of them such as a
+   * running sandbox: made under the pins lock alone, without the layers'
+   * build locks that pin() takes (one lock instead of one per layer: this
+   * is on the path of every sandbox start). It is safe all the same: gc
+   * and remove() decide under the pins lock too, so a layer found here is
+   * either kept by the pin or was already gone (an error naming it).
+   * Dropped with unpin(owner).
+   */
+  async hold(owner: string, digests: Iterable<string>, opts: { label?: string } = {}): Promise<Pin> {
+    checkOwner(owner);
+    const names = [...new Set([...digests].map(normalizeDigest))].sort();
+    return withPinsLock(this.root, async () => {
+      for (const d of names) if (!(await this.get(d))) throw new LayerError(`hold ${JSON.stringify(owner)}: layer ${d} is not in the store ${this.root}`);
+      const pin: Pin = { owner, label: opts.label ?? owner, digests: names, updated: new Date().toISOString(), process: { pid: process.pid, startTime: selfStartTime() } };
+      await writePin(this.root, pin);
+      return pin;
+    });
+  }
+
   /** Drops `owner`'s pin: its layers go at the next gc unless another pin keeps them. False if it had none. */
   async unpin(owner: string): Promise<boolean> {
     checkOwner(owner);
@@ -543,26 +564,38 @@ export class LayerStore {
     const d = normalizeDigest(digest);
     const lock = await this.lockLayer(d, `remove layer ${d}`);
     try {
-      const users = (await this.pins()).filter((p) => p.digests.includes(d)).map((p) => p.label);
-      if (users.length > 0) throw new LayerError(`remove layer ${d}: in use by ${users.join('; ')}; unpin it first`);
-      return await this.removeLocked(d);
+      // Decided under the pins lock too, as gc does: hold() pins without the layer's lock.
+      const trash = await withPinsLock(this.root, async () => {
+        const users = (await this.pins()).filter((p) => p.digests.includes(d)).map((p) => p.label);
+        if (users.length > 0) throw new LayerError(`remove layer ${d}: in use by ${users.join('; ')}; unpin it first`);
+        return this.moveToTrash(d);
+      });
+      if (trash === undefined) return false;
+      await this.removeTree(trash);
+      return true;
     } finally {
       await lock.release();
     }
   }
 
   private async removeLocked(d: string): Promise<boolean> {
-    const trash = path.join(this.root, 'staging', `trash-${d}.${process.pid}-${selfStartTime()}.${randomBytes(4).toString('hex')}`);
-    try {
-      // One rename makes the layer disappear atomically; then delete at leisure.
-      // (A symlink planted at layers/<d> is moved and unlinked, never followed.)
-      await fsp.rename(this.layerDir(d), trash);
-    } catch (err) {
-      if (codeOf(err) === 'ENOENT') return false;
-      throw new LayerError(`remove layer ${d}: ${(err as Error).message}`, { cause: err });
-    }
+    const trash = await this.moveToTrash(d);
+    if (trash === undefined) return false;
     await this.removeTree(trash);
     return true;
+  }
+
+  /** One rename makes the layer disappear atomically (deleted at leisure); undefined if it was not there. */
+  private async moveToTrash(d: string): Promise<string | undefined> {
+    const trash = path.join(this.root, 'staging', `trash-${d}.${process.pid}-${selfStartTime()}.${randomBytes(4).toString('hex')}`);
+    try {
+      // (A symlink planted at layers/<d> is moved and unlinked, never followed.)
+      await fsp.rename(this.layerDir(d), trash);
+      return trash;
+    } catch (err) {
+      if (codeOf(err) === 'ENOENT') return undefined;
+      throw new LayerError(`remove layer ${d}: ${(err as Error).message}`, { cause: err });
+    }
   }
 
   /**
