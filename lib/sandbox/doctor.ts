@@ -6,7 +6,7 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 
 import { release, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { writable as canWrite } from './limits.js';
-import { rootIdRange } from './policy.js';
+import { RANGE_IDS, idRangeSupport, rootIdRange } from './policy.js';
 import { run } from './run.js';
 import { DEFAULT_SECCOMP_RULES } from './seccomp.js';
 import { removeTree } from '../files/fsTree.js';
@@ -140,6 +140,22 @@ async function idMappingCheck(): Promise<Check> {
   }
 }
 
+export const ID_RANGE_CHECK = "id range (ids: 'range')";
+
+/** Whether `ids: 'range'` (ids 0-65535 inside, container images) is available, and why not. */
+async function idRangeCheck(): Promise<Check> {
+  const name = ID_RANGE_CHECK;
+  const r = idRangeSupport();
+  if (!r.ok) return { name, ok: false, detail: `${r.reason}; sandboxes still run, with one id (images' owners are squashed to it)` };
+  // Root's range starts at inside 0; a user's subordinate ids at inside 1.
+  const n = r.caller === 'root' ? r.uid.count : RANGE_IDS - 1;
+  const ids = `uids ${r.uid.start}-${r.uid.start + n - 1}, gids ${r.gid.start}-${r.gid.start + n - 1}`;
+  if (r.caller === 'root') return { name, ok: true, detail: `root's sandboxes always map ids 0-65535 (${ids})` };
+  // The helpers can still refuse (a range not this user's, a nosuid /usr): try them.
+  const check = await sandboxCheck(name, 'a sandbox with ids 0-65535 mapped', { argv: ['true'], ids: 'range' });
+  return check.ok ? { name, ok: true, detail: `0 inside is this user, 1-65535 are its subordinate ${ids}, mapped by newuidmap/newgidmap` } : check;
+}
+
 function fuseCheck(): Check {
   const usable = canWrite('/dev/fuse');
   return { name: '/dev/fuse', ok: true, detail: `${usable ? 'usable' : 'not usable by this user'} (not needed: overlayfs is used)` };
@@ -157,6 +173,7 @@ export async function doctor(): Promise<Check[]> {
     await overlayCheck(),
     await seccompCheck(),
     await idMappingCheck(),
+    await idRangeCheck(),
     cgroupCheck(),
     fuseCheck(),
   ];

@@ -1,5 +1,5 @@
 /** `minisandbox doctor`: which kernel features work here. */
-import { doctor } from '../../sandbox/doctor.js';
+import { ID_RANGE_CHECK, doctor } from '../../sandbox/doctor.js';
 import type { Args, Command } from '../args.js';
 
 const doctorCommand: Command = {
@@ -7,7 +7,8 @@ const doctorCommand: Command = {
     name: 'doctor',
     about: `Checks, by starting small sandboxes, which kernel features work here:
 user namespaces (and the sysctls that disable them), pivot_root, pidfd,
-fresh /proc and devpts, overlayfs with userxattr, cgroups. Explains why
+fresh /proc and devpts, overlayfs with userxattr, cgroups, an id range
+for ids: 'range' (/etc/subuid and newuidmap). Explains why
 wherever something fails.`,
     options: { '--json': { help: 'Print the checks as JSON' } },
     exitCodes: 'Exit code: 0 if every required feature works, 1 if one is missing.',
@@ -19,7 +20,10 @@ wherever something fails.`,
     } else {
       for (const c of checks) process.stdout.write(`${c.ok ? 'ok  ' : 'FAIL'}  ${c.name}\n      ${c.detail}\n`);
     }
-    const required = checks.filter((c) => c.name !== 'cgroups' && c.name !== '/dev/fuse');
+    // Optional: limits fall back to rlimits, and without an id range a
+    // sandbox maps one id (images' owners squashed).
+    const optional = new Set(['cgroups', '/dev/fuse', ID_RANGE_CHECK]);
+    const required = checks.filter((c) => !optional.has(c.name));
     return required.every((c) => c.ok) ? 0 : 1;
   },
 };
