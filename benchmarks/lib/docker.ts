@@ -27,6 +27,8 @@ export interface DockerHandle {
   daemon?: ChildProcess;
   tmpDir?: string;
   logFile?: string;
+  /** The bridge interface made for a private dockerd, deleted when it stops. */
+  bridge?: string;
 }
 
 type Log = (msg: string) => void;
@@ -73,20 +75,62 @@ export async function ensureDocker(log: Log, startTimeoutMs = 60_000): Promise<D
   // A private socket and pidfile: no clash with a stale default socket, and
   // the CLI provably talks to the daemon we started. Images still go to the
   // default data root, so the imported image survives for the next run.
-  const tmpDir = mkdtempSync(join(tmpdir(), 'minisandbox-dockerd-'));
+  return launchDockerd(log, clis, mkdtempSync(join(tmpdir(), 'minisandbox-dockerd-')), [], startTimeoutMs);
+}
+
+/**
+ * A dockerd of our own on an empty data root, with its own exec root,
+ * socket and pidfile and no bridge or iptables changes, for measurements
+ * where Docker must start from nothing (loading an image whose layers it
+ * does not have, the bytes its storage takes) without touching the engine
+ * that tests and other benchmarks use. Containers need `--network none`.
+ * Root only; stopDocker stops it and deletes its data root.
+ */
+export async function startPrivateDocker(log: Log, startTimeoutMs = 60_000): Promise<DockerHandle & { dataRoot: string }> {
+  if (process.getuid?.() !== 0) throw new DockerUnavailable('a private dockerd needs root');
+  const dockerd = which('dockerd');
+  if (!dockerd) throw new DockerUnavailable('dockerd is not installed (apt-get install docker.io)');
+  const clis = cliCandidates();
+  if (clis.length === 0) throw new DockerUnavailable('no docker CLI found');
+  // Its own bridge: with `--bridge none` dockerd deletes the host's docker0,
+  // which the running engine's containers need; with the default it would
+  // take over docker0. A /24 of 10.254/16 picked by pid keeps two benchmarks
+  // apart; nothing is routed or masqueraded (containers use --network none).
+  const bridge = `msbxb${process.pid % 100_000}`;
+  const ip = (args: string[]) => exec('ip', args, { timeoutMs: 10_000 });
+  const made = await ip(['link', 'add', bridge, 'type', 'bridge']);
+  if (made.code !== 0) throw new DockerUnavailable(`ip link add ${bridge} type bridge failed: ${lastLines(made.stderr)}`);
+  const up = [await ip(['addr', 'add', `10.254.${process.pid % 250}.1/24`, 'dev', bridge]), await ip(['link', 'set', bridge, 'up'])];
+  if (up.some((r) => r.code !== 0)) {
+    await ip(['link', 'del', bridge]);
+    throw new DockerUnavailable(`bridge ${bridge} could not be set up: ${up.map((r) => lastLines(r.stderr)).join(' ')}`);
+  }
+  // /var/tmp, not a tmpfs: overlay2 needs a disk filesystem under its data root.
+  const tmpDir = mkdtempSync('/var/tmp/minisandbox-dockerd-');
+  const dataRoot = join(tmpDir, 'data');
+  const extra = ['--data-root', dataRoot, '--exec-root', join(tmpDir, 'exec'), '--bridge', bridge, '--iptables=false', '--ip-masq=false', '--ip-forward=false'];
+  try {
+    return { ...(await launchDockerd(log, clis, tmpDir, extra, startTimeoutMs, bridge)), dataRoot };
+  } catch (err) {
+    await ip(['link', 'del', bridge]);
+    throw err;
+  }
+}
+
+async function launchDockerd(log: Log, clis: string[], tmpDir: string, extraArgs: string[], startTimeoutMs: number, bridge?: string): Promise<DockerHandle> {
   const logFile = join(tmpDir, 'dockerd.log');
   const sock = join(tmpDir, 'docker.sock');
   const hostArgs = ['-H', `unix://${sock}`];
   const logFd = openSync(logFile, 'a');
   log(`starting dockerd (log: ${logFile})`);
-  const daemon = spawn(which('dockerd')!, ['--host', `unix://${sock}`, '--pidfile', join(tmpDir, 'dockerd.pid')], {
+  const daemon = spawn(which('dockerd')!, ['--host', `unix://${sock}`, '--pidfile', join(tmpDir, 'dockerd.pid'), ...extraArgs], {
     stdio: ['ignore', logFd, logFd],
   });
   closeSync(logFd);
-  const handle: DockerHandle = { cli: clis[0]!, hostArgs, serverVersion: '', startedByUs: true, daemon, tmpDir, logFile };
+  const handle: DockerHandle = { cli: clis[0]!, hostArgs, serverVersion: '', startedByUs: true, daemon, tmpDir, logFile, ...(bridge ? { bridge } : {}) };
   // Safety net: never leave our dockerd behind if the benchmark exits early.
-  process.once('exit', killOnExit);
-  activeDaemon = daemon;
+  if (activeDaemons.size === 0) process.once('exit', killOnExit);
+  activeDaemons.add(daemon);
 
   let exited: string | undefined;
   daemon.on('error', (err) => (exited = String(err)));
@@ -109,9 +153,10 @@ export async function ensureDocker(log: Log, startTimeoutMs = 60_000): Promise<D
   throw new DockerUnavailable(`${reason}; dockerd log tail:\n${tail}`);
 }
 
-let activeDaemon: ChildProcess | undefined;
+/** The dockerds this process started and has not stopped (a benchmark may run two). */
+const activeDaemons = new Set<ChildProcess>();
 function killOnExit(): void {
-  activeDaemon?.kill('SIGKILL');
+  for (const d of activeDaemons) d.kill('SIGKILL');
 }
 
 function safeRead(path: string): string {
@@ -176,8 +221,9 @@ export async function stopDocker(h: DockerHandle, log: Log, keepLog = false): Pr
       daemon.kill('SIGKILL');
     }
   }
-  process.removeListener('exit', killOnExit);
-  activeDaemon = undefined;
+  activeDaemons.delete(daemon);
+  if (activeDaemons.size === 0) process.removeListener('exit', killOnExit);
+  if (h.bridge) await exec('ip', ['link', 'del', h.bridge], { timeoutMs: 10_000 });
   if (keepLog) log(`dockerd log kept at ${h.logFile}`);
   else if (h.tmpDir) rmSync(h.tmpDir, { recursive: true, force: true });
   log('stopped the dockerd this benchmark started');

@@ -68,3 +68,22 @@ export async function timePair(n: number, warmup: number, a: () => Promise<unkno
   }
   return samples;
 }
+
+/**
+ * timePair for any number of variants: each round runs them all, forward
+ * in even rounds and backward in odd ones (A B C, C B A, ...), so drift
+ * falls on all alike. Returns the samples of each variant, in order.
+ */
+export async function timeRounds(n: number, warmup: number, fns: readonly (() => Promise<unknown>)[]): Promise<number[][]> {
+  for (let i = 0; i < warmup; i++) for (const fn of fns) await fn();
+  const samples: number[][] = fns.map(() => []);
+  const order = fns.map((_, i) => i);
+  for (let round = 0; round < n; round++) {
+    for (const i of round % 2 === 0 ? order : [...order].reverse()) {
+      const t = performance.now();
+      await fns[i]!();
+      samples[i]!.push(performance.now() - t);
+    }
+  }
+  return samples;
+}
