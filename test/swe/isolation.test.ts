@@ -1,0 +1,232 @@
+/**
+ * Per-task isolation: tasks that name an image, evaluated in a Docker
+ * container of it and in a sandbox of it, against a plain `docker run` of
+ * the same image as the reference. Real images (the fixtures' msbx-test/base:1,
+ * Debian with python3, git and patch), a real engine. Skips with the reason
+ * where Docker or the fixture image is missing.
+ */
+import { spawnSync } from 'node:child_process';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openStore, type LayerStore } from '../../lib/layers/store.js';
+import { dockerUnavailable, liveDockerContainers } from '../../lib/swe/pipeline/docker.js';
+import { evaluate } from '../../lib/swe/pipeline/evaluate.js';
+import { imageSandboxUnavailable } from '../../lib/swe/pipeline/imageSandbox.js';
+import { prepareTasks, type PrepareResult } from '../../lib/swe/pipeline/prepare.js';
+import { evaluateAll } from '../../lib/swe/pipeline/runReport.js';
+import type { IsolationKind } from '../../lib/swe/pipeline/types.js';
+import { parseTestLog } from '../../lib/swe/logParsers.js';
+import { parseTasks, type Task } from '../../lib/swe/tasks.js';
+import { tempDir } from '../helpers.js';
+
+const BASE = 'msbx-test/base:1';
+/** Built here FROM the base, with the repository at /testbed as SWE-bench's instance images have it; removed after. */
+const TASK_IMAGE = 'msbx-test/swe-task:1';
+
+function sh(cmd: string, args: string[], opts: { cwd?: string; input?: string } = {}): { code: number | null; out: string; err: string } {
+  const r = spawnSync(cmd, args, { encoding: 'utf8', timeout: 300_000, ...opts });
+  return { code: r.status, out: r.stdout ?? '', err: r.stderr ?? r.error?.message ?? '' };
+}
+
+/** Why these tests cannot run here, or undefined. */
+async function skipReason(): Promise<string | undefined> {
+  const why = await dockerUnavailable();
+  if (why) return why;
+  if (sh('docker', ['image', 'inspect', BASE]).code !== 0) return `the fixture image ${BASE} is not in Docker (scripts/test-images.sh builds it)`;
+  return undefined;
+}
+const skip = await skipReason();
+if (skip) console.warn(`skipping per-task isolation tests: ${skip}`);
+const suite = skip ? describe.skip : describe;
+const imageSandboxSkip = imageSandboxUnavailable();
+
+const CALC = 'def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n';
+const TESTS = 'import unittest\n\nfrom calc import add, mul\n\n\nclass TestCalc(unittest.TestCase):\n    def test_mul(self):\n        self.assertEqual(mul(2, 3), 6)\n';
+const TEST_PATCH = [
+  'diff --git a/tests/test_calc.py b/tests/test_calc.py',
+  '--- a/tests/test_calc.py',
+  '+++ b/tests/test_calc.py',
+  '@@ -7,3 +7,6 @@ from calc import add, mul',
+  ' class TestCalc(unittest.TestCase):',
+  '     def test_mul(self):',
+  '         self.assertEqual(mul(2, 3), 6)',
+  '+',
+  '+    def test_add(self):',
+  '+        self.assertEqual(add(2, 3), 5)',
+  '',
+].join('\n');
+const calcPatch = (line: string) =>
+  ['diff --git a/calc.py b/calc.py', '--- a/calc.py', '+++ b/calc.py', '@@ -1,5 +1,5 @@', ' def add(a, b):', '-    return a - b', `+    ${line}`, ' ', ' ', ' def mul(a, b):', ''].join('\n');
+const GOLD = calcPatch('return a + b');
+const WRONG = calcPatch('return a + b + 1');
+const ADD = 'tests.test_calc.TestCalc.test_add';
+const MUL = 'tests.test_calc.TestCalc.test_mul';
+const TEST_CMD = 'python3 -m unittest -v tests.test_calc';
+
+let dir: ReturnType<typeof tempDir>;
+let store: LayerStore;
+let commit: string;
+let repoPath: string;
+let imageBuilt = false;
+
+function task(id: string, fields: Partial<Task>): Task {
+  return {
+    instance_id: id,
+    repo: 'msbx/calc',
+    base_commit: commit,
+    version: '1.0',
+    patch: GOLD,
+    test_patch: TEST_PATCH,
+    FAIL_TO_PASS: [ADD],
+    PASS_TO_PASS: [MUL],
+    install: [],
+    test_cmd: TEST_CMD,
+    log_parser: 'unittest',
+    ...fields,
+  };
+}
+
+beforeAll(async () => {
+  if (skip) return;
+  dir = tempDir('msbx-swe-isolation-');
+  store = await openStore({ root: join(dir.path, 'store') });
+  repoPath = join(dir.path, 'context', 'repo');
+  mkdirSync(join(repoPath, 'tests'), { recursive: true });
+  writeFileSync(join(repoPath, 'calc.py'), CALC);
+  writeFileSync(join(repoPath, 'tests', '__init__.py'), '');
+  writeFileSync(join(repoPath, 'tests', 'test_calc.py'), TESTS);
+  const git = (...args: string[]) => sh('git', ['-c', 'user.name=t', '-c', 'user.email=t@example.org', '-c', 'init.defaultBranch=main', ...args], { cwd: repoPath });
+  git('init', '-q');
+  git('add', '-A');
+  expect(git('commit', '-qm', 'calc with a bug').code).toBe(0);
+  commit = git('rev-parse', 'HEAD').out.trim();
+  writeFileSync(join(dir.path, 'context', 'Dockerfile'), `FROM ${BASE}\nCOPY repo /testbed\n`);
+  const build = sh('docker', ['build', '--quiet', '--tag', TASK_IMAGE, join(dir.path, 'context')]);
+  expect(build.code, build.err).toBe(0);
+  imageBuilt = true;
+}, 300_000);
+
+afterAll(() => {
+  if (imageBuilt) sh('docker', ['image', 'rm', '--force', TASK_IMAGE]);
+  dir?.remove();
+});
+
+/**
+ * The reference: `docker run` of the image, the patches applied by hand, the
+ * test command, the log parsed by the same parser.
+ */
+function dockerRunStatuses(image: string, patch: string): Record<string, string> {
+  const patches = join(dir.path, `patches-${Math.random().toString(36).slice(2)}`);
+  mkdirSync(patches, { mode: 0o755 });
+  writeFileSync(join(patches, 'patch.diff'), patch, { mode: 0o644 });
+  writeFileSync(join(patches, 'test.diff'), TEST_PATCH, { mode: 0o644 });
+  const r = sh('docker', ['run', '--rm', '--network', 'none', '--user', '0:0', '-v', `${patches}:/p:ro`, image,
+    'bash', '-c', `cd /testbed && git apply /p/patch.diff && git apply /p/test.diff && ${TEST_CMD} 2>&1`]);
+  return Object.fromEntries(parseTestLog(r.out, { parser: 'unittest' }));
+}
+
+const EXPECTED = {
+  gold: { statuses: { [ADD]: 'PASSED', [MUL]: 'PASSED' }, resolved: true },
+  wrong: { statuses: { [ADD]: 'FAILED', [MUL]: 'PASSED' }, resolved: false },
+};
+
+suite('tasks that name an image', () => {
+  let prep: PrepareResult;
+  // The repo in the image (as SWE-bench's instance images), or checked out
+  // from repo_path into /testbed of the bare base image.
+  const variants = () => ({
+    'in-image': { image: TASK_IMAGE },
+    'checked-out': { image: BASE, repo_path: repoPath },
+  });
+  const kinds: Array<{ isolation: 'docker' | 'sandbox'; kind: IsolationKind }> = [
+    { isolation: 'docker', kind: 'docker' },
+    ...(imageSandboxSkip ? [] : [{ isolation: 'sandbox' as const, kind: 'sandbox-image' as const }]),
+  ];
+  if (imageSandboxSkip) console.warn(`per-task isolation: the sandbox-image half is skipped: ${imageSandboxSkip}`);
+  const tasks = () => kinds.flatMap(({ isolation }) => Object.entries(variants()).map(([v, fields]) => task(`calc-${v}-${isolation}`, { ...fields, isolation })));
+
+  beforeAll(async () => {
+    prep = await prepareTasks(tasks(), { store, concurrency: 2, stateDir: join(dir.path, 'state') });
+  }, 300_000);
+
+  it('prepares each image once per place, and each checkout', () => {
+    expect(prep.failures).toEqual([]);
+    expect(prep.summary.images.failed).toBe(0);
+    // Two images, each in Docker (and in the store when sandboxes of images run here).
+    expect(prep.summary.images.fetched + prep.summary.images.reused).toBe(2 * kinds.length);
+    expect(prep.summary.isolation.docker).toBe(2);
+    for (const p of prep.prepared.values()) expect(p.repoDir).toBe('/testbed');
+    expect(prep.prepared.get('calc-checked-out-docker')!.image!.repoDigest).toMatch(/^[0-9a-f]{64}$/);
+    expect(prep.prepared.get('calc-in-image-docker')!.image!.repoDigest).toBeUndefined();
+  });
+
+  for (const [which, patch] of [['gold', GOLD], ['wrong', WRONG]] as const) {
+    it(`gives docker run's per-test outcomes for the ${which} patch, in every isolation`, async () => {
+      const reference = dockerRunStatuses(TASK_IMAGE, patch);
+      expect(reference).toEqual(EXPECTED[which].statuses);
+      for (const t of tasks()) {
+        const r = await evaluate(t, patch, { prepared: prep.prepared.get(t.instance_id)!, timeoutMs: 120_000, sandbox: { stateDir: join(dir.path, 'state') } });
+        const seen = { id: t.instance_id, error: r.error, statuses: r.statuses, resolved: r.reward.resolved, isolation: r.isolation };
+        expect(seen).toEqual({ id: t.instance_id, error: undefined, statuses: reference, resolved: EXPECTED[which].resolved, isolation: t.isolation === 'docker' ? 'docker' : 'sandbox-image' });
+        expect(r.applyMethod).toBe('git apply --verbose');
+        expect(r.timings.testCommandMs).toBeGreaterThan(0);
+      }
+    }, 300_000);
+  }
+
+  it('names each instance\'s isolation and time in the report', async () => {
+    const all = tasks();
+    const { report } = await evaluateAll(all, all.map((t) => ({ instance_id: t.instance_id, model_patch: GOLD, model_name_or_path: 'gold' })), {
+      prepared: prep.prepared,
+      concurrency: 2,
+      timeoutMs: 120_000,
+      sandbox: { stateDir: join(dir.path, 'state') },
+    });
+    expect(report.resolved_instances).toBe(all.length);
+    expect(report.isolation).toEqual(Object.fromEntries(all.map((t) => [t.instance_id, t.isolation === 'docker' ? 'docker' : 'sandbox-image'])));
+    expect(Object.keys(report.timing_medians_by_isolation)).toEqual(kinds.map((k) => k.kind).sort());
+    for (const t of all) expect(report.timings[t.instance_id]!.totalMs).toBeGreaterThan(0);
+  }, 300_000);
+
+  it('kills a hanging test run in Docker at its timeout, and removes the container', async () => {
+    const t = { ...task('calc-in-image-docker', { image: TASK_IMAGE, isolation: 'docker' }), test_cmd: 'sleep 600' };
+    const started = Date.now();
+    const r = await evaluate(t, GOLD, { prepared: prep.prepared.get(t.instance_id)!, timeoutMs: 2000 });
+    expect(Date.now() - started).toBeLessThan(30_000);
+    expect(r.timedOut).toBe(true);
+    expect(r.reward.reason).toBe('tests timed out');
+    expect(liveDockerContainers()).toEqual([]);
+  }, 60_000);
+
+  it('leaves no container behind', () => {
+    expect(liveDockerContainers()).toEqual([]);
+    const left = sh('docker', ['ps', '--all', '--filter', 'name=msbx-swe-calc-', '--format', '{{.Names}}']).out.trim();
+    expect(left).toBe('');
+  });
+});
+
+suite('isolation that cannot be', () => {
+  it('refuses a task marked docker without an image when the file is read', () => {
+    const line = JSON.stringify({ ...task('venv-only', { python: '3.11', install: [], repo_path: '/x' }), isolation: 'docker' });
+    const { tasks, errors } = parseTasks(line, 'jsonl');
+    expect(tasks).toEqual([]);
+    expect(errors[0]!.message).toBe('task "venv-only" (line 1): "isolation": "docker" needs an "image" to run (Docker cannot run a venv recipe)');
+  });
+
+  it('fails a venv task alone under --isolation docker, with the reason', async () => {
+    const venv = task('venv-only', { python: '3.11', install: [], repo_path: repoPath });
+    const image = task('calc-in-image', { image: TASK_IMAGE });
+    const r = await prepareTasks([venv, image], { store, isolation: 'docker' });
+    expect(r.failures).toEqual([
+      { instance_id: 'venv-only', stage: 'validate', message: 'task "venv-only": isolation docker (--isolation) needs an "image": the task has a venv recipe only, which Docker cannot run' },
+    ]);
+    expect(r.prepared.get('calc-in-image')!.isolation).toBe('docker');
+  }, 120_000);
+
+  it('fails a task whose image Docker cannot have, alone', async () => {
+    const r = await prepareTasks([task('nope', { image: '127.0.0.1:1/msbx-test/none:1', isolation: 'docker' })], { store });
+    expect(r.failures[0]).toMatchObject({ instance_id: 'nope', stage: 'image' });
+    expect(r.failures[0]!.message).toMatch(/^task "nope": image 127\.0\.0\.1:1\/msbx-test\/none:1: not in Docker, and pulling it: docker pull failed/);
+  }, 120_000);
+});
