@@ -5,9 +5,10 @@
  * Debian with python3, git and patch), a real engine. Skips with the reason
  * where Docker or the fixture image is missing.
  */
-import { spawnSync } from 'node:child_process';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openStore, type LayerStore } from '../../lib/layers/store.js';
 import { dockerUnavailable, liveDockerContainers } from '../../lib/swe/pipeline/docker.js';
@@ -21,6 +22,9 @@ import { parseTasks, type Task } from '../../lib/swe/tasks.js';
 import { tempDir } from '../helpers.js';
 
 const BASE = 'msbx-test/base:1';
+/** The same image as a `docker save` archive (the fixtures'); used where it exists. */
+const BASE_ARCHIVE = '/var/cache/minisandbox/images/base.tar';
+const CLI = fileURLToPath(new URL('../../dist/lib/cli/main.js', import.meta.url));
 /** Built here FROM the base, with the repository at /testbed as SWE-bench's instance images have it; removed after. */
 const TASK_IMAGE = 'msbx-test/swe-task:1';
 
@@ -135,9 +139,10 @@ suite('tasks that name an image', () => {
   let prep: PrepareResult;
   // The repo in the image (as SWE-bench's instance images), or checked out
   // from repo_path into /testbed of the bare base image.
-  const variants = () => ({
+  const variants = (): Record<string, Partial<Task>> => ({
     'in-image': { image: TASK_IMAGE },
     'checked-out': { image: BASE, repo_path: repoPath },
+    ...(existsSync(BASE_ARCHIVE) ? { 'from-file': { image: BASE_ARCHIVE, repo_path: repoPath } } : {}),
   });
   const kinds: Array<{ isolation: 'docker' | 'sandbox'; kind: IsolationKind }> = [
     { isolation: 'docker', kind: 'docker' },
@@ -153,9 +158,10 @@ suite('tasks that name an image', () => {
   it('prepares each image once per place, and each checkout', () => {
     expect(prep.failures).toEqual([]);
     expect(prep.summary.images.failed).toBe(0);
-    // Two images, each in Docker (and in the store when sandboxes of images run here).
-    expect(prep.summary.images.fetched + prep.summary.images.reused).toBe(2 * kinds.length);
-    expect(prep.summary.isolation.docker).toBe(2);
+    // Each image (a name, or a file) once in Docker, and once in the store when sandboxes of images run here.
+    const images = Object.keys(variants()).length;
+    expect(prep.summary.images.fetched + prep.summary.images.reused).toBe(images * kinds.length);
+    expect(prep.summary.isolation.docker).toBe(images);
     for (const p of prep.prepared.values()) expect(p.repoDir).toBe('/testbed');
     expect(prep.prepared.get('calc-checked-out-docker')!.image!.repoDigest).toMatch(/^[0-9a-f]{64}$/);
     expect(prep.prepared.get('calc-in-image-docker')!.image!.repoDigest).toBeUndefined();
@@ -197,6 +203,48 @@ suite('tasks that name an image', () => {
     expect(r.timedOut).toBe(true);
     expect(r.reward.reason).toBe('tests timed out');
     expect(liveDockerContainers()).toEqual([]);
+  }, 60_000);
+
+  it('eval --isolation docker runs a task set in Docker and reports it', () => {
+    const set = join(dir.path, 'cli-tasks.jsonl');
+    const t = task('calc-cli', { image: TASK_IMAGE });
+    writeFileSync(set, `${JSON.stringify(t)}\n`);
+    const reportFile = join(dir.path, 'cli-report.json');
+    const r = sh(process.execPath, [CLI, 'eval', set, '--gold', '--isolation', 'docker', '--store', store.root, '--report', reportFile]);
+    expect(r.code, r.err).toBe(0);
+    expect(r.out).toMatch(/calc-cli\s+docker\s+yes/);
+    const report = JSON.parse(readFileSync(reportFile, 'utf8'));
+    expect(report.isolation).toEqual({ 'calc-cli': 'docker' });
+    expect(report.resolved_ids).toEqual(['calc-cli']);
+    const bad = sh(process.execPath, [CLI, 'eval', set, '--gold', '--isolation', 'vm']);
+    expect(bad.code).toBe(2);
+    expect(bad.err).toContain("--isolation: expected sandbox or docker, got 'vm'");
+  }, 120_000);
+
+  it('removes the container when an evaluation is aborted', async () => {
+    const t = { ...task('calc-in-image-docker', { image: TASK_IMAGE, isolation: 'docker' }), test_cmd: 'sleep 600' };
+    const ac = new AbortController();
+    const pending = evaluate(t, GOLD, { prepared: prep.prepared.get(t.instance_id)!, signal: ac.signal });
+    while (liveDockerContainers().length === 0) await new Promise((r) => setTimeout(r, 50));
+    await new Promise((r) => setTimeout(r, 1000)); // into the test command
+    ac.abort();
+    const r = await pending;
+    expect(r.error).toMatch(/aborted/);
+    expect(liveDockerContainers()).toEqual([]);
+  }, 60_000);
+
+  it('removes its containers when eval is interrupted (SIGINT, as Ctrl-C)', async () => {
+    const set = join(dir.path, 'cli-hang.jsonl');
+    writeFileSync(set, `${JSON.stringify({ ...task('calc-hang', { image: TASK_IMAGE, isolation: 'docker' }), test_cmd: 'sleep 600' })}\n`);
+    const child = spawn(process.execPath, [CLI, 'eval', set, '--gold', '--store', store.root], { stdio: 'ignore' });
+    const exited = new Promise<NodeJS.Signals | null>((resolve) => child.on('exit', (_code, signal) => resolve(signal)));
+    const running = () => sh('docker', ['ps', '--filter', 'name=msbx-swe-calc-hang-', '--format', '{{.Names}}']).out.trim();
+    const deadline = Date.now() + 30_000;
+    while (running() === '' && Date.now() < deadline) await new Promise((r) => setTimeout(r, 200));
+    expect(running()).not.toBe('');
+    child.kill('SIGINT');
+    expect(await exited).toBe('SIGINT'); // it still dies of the signal, as without the handler
+    expect(sh('docker', ['ps', '--all', '--filter', 'name=msbx-swe-calc-hang-', '--format', '{{.Names}}']).out.trim()).toBe('');
   }, 60_000);
 
   it('leaves no container behind', () => {
