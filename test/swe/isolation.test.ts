@@ -7,6 +7,7 @@
  */
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -205,7 +206,11 @@ suite('tasks that name an image', () => {
     expect(liveDockerContainers()).toEqual([]);
   }, 60_000);
 
-  it('eval --isolation docker runs a task set in Docker and reports it', () => {
+  it('eval --isolation docker runs a task set in Docker and reports it (and removes what a killed run left)', () => {
+    // A container as a run killed by SIGKILL leaves it: its owner (host:pid:start) is gone.
+    const orphan = `msbx-swe-orphan-${process.pid}`;
+    const made = sh('docker', ['create', '--name', orphan, '--label', `minisandbox.swe.owner=${hostname()}:2147483646:1`, TASK_IMAGE, 'true']);
+    expect(made.code, made.err).toBe(0);
     const set = join(dir.path, 'cli-tasks.jsonl');
     const t = task('calc-cli', { image: TASK_IMAGE });
     writeFileSync(set, `${JSON.stringify(t)}\n`);
@@ -216,6 +221,7 @@ suite('tasks that name an image', () => {
     const report = JSON.parse(readFileSync(reportFile, 'utf8'));
     expect(report.isolation).toEqual({ 'calc-cli': 'docker' });
     expect(report.resolved_ids).toEqual(['calc-cli']);
+    expect(sh('docker', ['ps', '--all', '--filter', `name=${orphan}`, '--format', '{{.Names}}']).out.trim()).toBe('');
     const bad = sh(process.execPath, [CLI, 'eval', set, '--gold', '--isolation', 'vm']);
     expect(bad.code).toBe(2);
     expect(bad.err).toContain("--isolation: expected sandbox or docker, got 'vm'");
