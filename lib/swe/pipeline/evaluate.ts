@@ -134,7 +134,7 @@ export async function runTaskTests(task: Task, patch: string | null, opts: Evalu
   try {
     sandbox = await opts.prepared.createSandbox(opts.sandbox);
     // The scripts work where the prepared task put the repository.
-    await runSteps(sandbox, { ...task, repo_dir: opts.prepared.repoDir }, patch, opts, run);
+    await runSteps(sandbox, { ...task, repo_dir: opts.prepared.repoDir }, patch, opts, run, t0);
   } catch (err) {
     run.error = `evaluation of "${task.instance_id}" (${opts.prepared.isolation}) failed: ${errorText(err)}`;
     if (run.timings.setupMs === 0) run.timings.setupMs = performance.now() - t0;
@@ -149,8 +149,8 @@ export async function runTaskTests(task: Task, patch: string | null, opts: Evalu
   return run;
 }
 
-async function runSteps(sb: TaskSandbox, task: Task, patch: string | null, opts: EvaluateOptions, run: TestRun): Promise<void> {
-  const t0 = performance.now();
+/** The steps in a started sandbox; setupMs counts from `t0`, before the sandbox started, as the docs say. */
+async function runSteps(sb: TaskSandbox, task: Task, patch: string | null, opts: EvaluateOptions, run: TestRun, t0: number): Promise<void> {
   const signal = opts.signal ? { signal: opts.signal } : {};
   const setupTimeout = opts.setupTimeoutMs ?? 120_000;
   const bash = (script: string, timeout: number) => sb.exec(['/bin/bash', '-c', script], { timeout, ...signal });
