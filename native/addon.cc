@@ -6,6 +6,7 @@
 #include <linux/sched.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -314,6 +315,66 @@ bool Prepare(Napi::Env env, const Napi::Object& obj, Prepared& p, bool enter) {
   return true;
 }
 
+// Runs a setuid map helper (newuidmap/newgidmap) for the child `pid`:
+// `argv` as the plan built it, with argv[1] replaced by the pid. posix_spawn
+// (glibc: CLONE_VM|CLONE_VFORK, safe in threaded Node) with stdin from
+// /dev/null and stdout/stderr into a pipe, read for the error message; the
+// helper is waited for by its own pid, as libuv reaps only its own children.
+// On failure `what` says which helper failed and how, in its own words.
+bool RunMapper(const std::vector<std::string>& argv_in, pid_t pid, std::string& what) {
+  std::vector<std::string> argv = argv_in;
+  argv[1] = std::to_string(pid);
+  std::string cmdline;
+  for (const std::string& a : argv) cmdline += (cmdline.empty() ? "" : " ") + a;
+  std::vector<char*> ptrs;
+  for (std::string& a : argv) ptrs.push_back(a.data());
+  ptrs.push_back(nullptr);
+  char* no_env[] = {nullptr};
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) < 0) return what = ErrnoText("pipe2 for " + cmdline, errno), false;
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 2);
+  // Node blocks and handles signals of its own: the helper gets defaults.
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  pid_t helper = -1;
+  int rc = posix_spawn(&helper, ptrs[0], &fa, &attr, ptrs.data(), no_env);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  close(out[1]);
+  if (rc != 0) {
+    close(out[0]);
+    return what = ErrnoText("running " + cmdline, rc), false;
+  }
+  std::string msg;
+  char buf[512];
+  for (;;) {
+    ssize_t n = read(out[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (msg.size() < 4096) msg.append(buf, static_cast<size_t>(n));
+  }
+  close(out[0]);
+  int status = 0;
+  while (waitpid(helper, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+  std::string how = WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
+                                      : "signal " + std::to_string(WTERMSIG(status));
+  what = cmdline + " failed (" + how + ")" + (msg.empty() ? "" : ": " + msg);
+  return false;
+}
+
 // The parent's side before the child may run anything: the id maps of a
 // new sandbox.
 bool ReleaseChild(Napi::Env env, Prepared& p, pid_t pid, int pidfd, bool write_maps) {
@@ -327,6 +388,15 @@ bool ReleaseChild(Napi::Env env, Prepared& p, pid_t pid, int pidfd, bool write_m
   };
   int e = 0;
   if (write_maps && (plan.namespaces & NS_USER)) {
+    for (const auto* mapper : {&plan.uid_mapper, &plan.gid_mapper}) {
+      std::string what;
+      if (mapper->empty() || RunMapper(*mapper, pid, what)) continue;
+      sys::pidfd_send_signal(pidfd, SIGKILL);
+      siginfo_t si;
+      waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &si, WEXITED);
+      Napi::Error::New(env, "writing the sandbox's id maps: " + what).ThrowAsJavaScriptException();
+      return false;
+    }
     if (plan.deny_setgroups && !WriteProcFile(pid, "setgroups", "deny", e))
       return abort_child("writing the sandbox's setgroups", e);
     if (!plan.uid_map.empty() && !WriteProcFile(pid, "uid_map", plan.uid_map, e))

@@ -65,7 +65,9 @@ void WireFds(const Plan& plan) {
   CloseAllExcept(keep, n + 1);
 }
 
-void DropCapabilities(uint64_t keep) {
+// Dropping from the bounding set takes CAP_SETPCAP in the effective set,
+// which a switch to a non-root uid clears: done before the ids change.
+void DropBoundingSet(uint64_t keep) {
   for (int cap = 0; cap <= 63; cap++) {
     if (keep & (1ull << cap)) continue;
     if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
@@ -73,6 +75,9 @@ void DropCapabilities(uint64_t keep) {
       Fail(Step::Capabilities);
     }
   }
+}
+
+void DropCapabilities(uint64_t keep) {
   if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) Fail(Step::Capabilities);
   struct __user_cap_header_struct hdr;
   struct __user_cap_data_struct data[2];
@@ -180,6 +185,7 @@ void SetIds(uint32_t uid, uint32_t gid, bool keep_caps, Step gid_step, Step uid_
     struct rlimit rl = {static_cast<rlim_t>(r.soft), static_cast<rlim_t>(r.hard)};
     if (setrlimit(r.resource, &rl) < 0) Fail(Step::Rlimit);
   }
+  DropBoundingSet(plan.keep_caps);
   if (plan.set_ids) SetIds(plan.uid, plan.gid, plan.keep_caps != 0, Step::Setgid, Step::Setuid);
   // Our parent is PID 1 or the monitor, both outlived by nothing of ours;
   // Node's pidfd is closed by now.

@@ -320,6 +320,15 @@ void DoOverlay(const MountOp& m, int op, int rootfd, int oldrootfd) {
     int tree = in_parent ? TakeSourceFd(m, op) : CloneSource(m, m.upper_base.c_str(), op, rootfd, oldrootfd);
     LayerPath(path, sizeof path, op, "u", -1);
     AttachLayer(tree, path, op);
+  } else if (m.flags & OP_UPPER_TMPFS) {
+    // A private tmpfs for this overlay's upper and work: made in the
+    // sandbox's user namespace, so its files belong to the sandbox's root.
+    LayerPath(path, sizeof path, op, "u", -1);
+    AttachLayer(NewFs("tmpfs", m, op, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV), path, op);
+    int base = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (base < 0 || mkdirat(base, m.upper.c_str(), 0755) < 0 || mkdirat(base, m.work.c_str(), 0700) < 0)
+      Fail(Step::OpMount, op);
+    close(base);
   }
 
   int fsfd = sys::fsopen("overlay", FSOPEN_CLOEXEC);
@@ -344,7 +353,7 @@ void DoOverlay(const MountOp& m, int op, int rootfd, int oldrootfd) {
   }
   if (!one_by_one && sys::fsconfig(fsfd, FSCONFIG_SET_STRING, "lowerdir", joined, 0) < 0)
     FailWithFsLog(Step::OpMount, op, fsfd);
-  if (!m.upper_base.empty()) {
+  if (!m.upper.empty()) {
     char dir[128];
     for (const std::string* rel : {&m.upper, &m.work}) {
       size_t len = 0;

@@ -136,16 +136,16 @@ bool ReadOp(Reader& r, const Napi::Object& o, MountOp& m) {
   }
   if (!r.U32(o, "mode", m.mode)) return false;
   bool ro = false, nosuid = false, nodev = false, noexec = false, in_root = false, optional = false,
-       userxattr = false, in_parent = false, idmap = false, upper_idmap = false;
+       userxattr = false, in_parent = false, idmap = false, upper_idmap = false, upper_tmpfs = false;
   if (!r.Bool(o, "readOnly", ro) || !r.Bool(o, "nosuid", nosuid) || !r.Bool(o, "nodev", nodev) ||
       !r.Bool(o, "noexec", noexec) || !r.Bool(o, "srcInRoot", in_root) || !r.Bool(o, "optional", optional) ||
       !r.Bool(o, "userxattr", userxattr) || !r.Bool(o, "cloneInParent", in_parent) || !r.Bool(o, "idmap", idmap) ||
-      !r.Bool(o, "upperIdmap", upper_idmap))
+      !r.Bool(o, "upperIdmap", upper_idmap) || !r.Bool(o, "upperTmpfs", upper_tmpfs))
     return false;
   const std::pair<bool, uint32_t> bits[] = {
       {ro, OP_READONLY},         {nosuid, OP_NOSUID},     {nodev, OP_NODEV},        {noexec, OP_NOEXEC},
       {in_root, OP_SRC_IN_ROOT}, {optional, OP_OPTIONAL}, {userxattr, OP_USERXATTR}, {in_parent, OP_CLONE_IN_PARENT},
-      {idmap, OP_IDMAP},         {upper_idmap, OP_UPPER_IDMAP},
+      {idmap, OP_IDMAP},         {upper_idmap, OP_UPPER_IDMAP}, {upper_tmpfs, OP_UPPER_TMPFS},
   };
   m.flags = 0;
   for (const auto& [on, bit] : bits) m.flags |= on ? bit : 0u;
@@ -167,8 +167,15 @@ bool ReadOp(Reader& r, const Napi::Object& o, MountOp& m) {
     if (!r.Str(o, "upperBase", m.upper_base, false) || !r.Str(o, "upper", m.upper, false) ||
         !r.Str(o, "work", m.work, false))
       return false;
-    if (m.upper.empty() != m.work.empty() || m.upper.empty() != m.upper_base.empty())
+    if (m.flags & OP_UPPER_TMPFS) {
+      if (!m.upper_base.empty()) return r.Fail("overlay upperTmpfs and upperBase exclude each other");
+      if (m.flags & OP_UPPER_IDMAP) return r.Fail("overlay upperTmpfs cannot be idmapped");
+      // Fixed names on the overlay's own tmpfs.
+      m.upper = "upper";
+      m.work = "work";
+    } else if (m.upper.empty() != m.work.empty() || m.upper.empty() != m.upper_base.empty()) {
       return r.Fail("overlay upperBase, upper and work go together");
+    }
     if (!m.upper_base.empty()) {
       if (m.upper_base[0] != '/') return r.Fail("overlay upperBase must be absolute");
       // Relative to upperBase, without '..': they must stay on its mount.
@@ -301,8 +308,16 @@ bool ReadPlan(const Napi::Object& o, Plan& plan, std::string& error) {
             r.StrList(o, "execCandidates", plan.exec_candidates) && r.Str(o, "cwd", plan.cwd, true) &&
             r.Bool(o, "noNewPrivs", plan.no_new_privs) && r.Bool(o, "newSession", plan.new_session) &&
             r.Bool(o, "dieWithParent", plan.die_with_parent) && r.Bool(o, "hold", plan.hold) &&
-            r.StrList(o, "cgroupProcs", plan.cgroup_procs);
+            r.StrList(o, "cgroupProcs", plan.cgroup_procs) && r.StrList(o, "uidMapper", plan.uid_mapper) &&
+            r.StrList(o, "gidMapper", plan.gid_mapper);
   if (!ok) return error = r.error, false;
+  for (const auto* mapper : {&plan.uid_mapper, &plan.gid_mapper}) {
+    if (mapper->empty()) continue;
+    if (mapper->size() < 2 || (*mapper)[0].empty() || (*mapper)[0][0] != '/')
+      return error = "plan.uidMapper/gidMapper must be [absolute helper path, pid slot, map...]", false;
+  }
+  if (!plan.uid_mapper.empty() && !plan.uid_map.empty()) return error = "plan.uidMap and plan.uidMapper exclude each other", false;
+  if (!plan.gid_mapper.empty() && !plan.gid_map.empty()) return error = "plan.gidMap and plan.gidMapper exclude each other", false;
   if (!plan.hold && plan.argv.empty()) return error = "plan.argv must not be empty", false;
   if (!plan.hold && plan.exec_candidates.empty()) return error = "plan.execCandidates must not be empty", false;
 

@@ -47,6 +47,10 @@ enum OpFlag : uint32_t {
   // files look like root's inside (bind source, overlay lowers)...
   OP_IDMAP = 1u << 8,
   OP_UPPER_IDMAP = 1u << 9,  // ... and the overlay's upper base too
+  // Overlay: the upper and work dirs live on a fresh tmpfs (options in
+  // `data`) made for this overlay alone, instead of a host directory: a
+  // one-shot sandbox's writable root, gone with its mount namespace.
+  OP_UPPER_TMPFS = 1u << 10,
 };
 
 // The mount attributes (MOUNT_ATTR_*) an op's flags ask for.
@@ -122,6 +126,12 @@ struct Plan {
   uint32_t namespaces = 0;
   std::string uid_map;      // written by the parent to /proc/<pid>/uid_map
   std::string gid_map;
+  // Instead of uid_map/gid_map: the setuid helpers (newuidmap, newgidmap)
+  // that write maps of ids an unprivileged caller may not write itself
+  // (its /etc/subuid range). argv as TypeScript built it; the parent puts
+  // the child's pid in argv[1] and runs them before releasing the child.
+  std::vector<std::string> uid_mapper;
+  std::vector<std::string> gid_mapper;
   bool deny_setgroups = true;
   // The ids every process of the sandbox takes first, once the maps are
   // written: a root caller is unmapped in its own sandbox until it takes the

@@ -23,8 +23,9 @@ import { packRepoLayer } from './gitRepo.js';
 import { basePythonMounts, venvVariables } from './layout.js';
 import { envFromManifest, envIdOf, envPinLabel, envPinOwner, envsDir, saveEnvManifest, type Env, type EnvManifest } from './manifest.js';
 import { packAsLayer, type PackedLayer } from './pack.js';
-import { resolvePython } from './python.js';
-import { DEFAULT_REPO_PATH, checkEnvPath, checkRecipe, type EnvRecipe, type EnvStep } from './recipe.js';
+import { resolvePython, type BasePython } from './python.js';
+import { findIndexedEnv, lockRecipe, recipeKey, recordIndexedEnv } from './recipeIndex.js';
+import { DEFAULT_REPO_PATH, checkEnvPath, checkRecipe, type CheckedRecipe, type EnvRecipe, type EnvStep } from './recipe.js';
 
 export interface BuildEnvOptions {
   store: LayerStore;
@@ -43,6 +44,12 @@ export interface BuildEnvOptions {
    * (buildRepo, then createEnvSandbox's `repo`): one env, many commits.
    */
   keepRepo?: boolean;
+  /**
+   * Build even when the recipe index says this recipe was built already
+   * (default false: the env built then is returned, `reused: true`). The new
+   * env takes the recipe's place in the index.
+   */
+  rebuild?: boolean;
   signal?: AbortSignal;
 }
 
@@ -89,12 +96,35 @@ function tail(text: string, lines = 25): string {
 
 /**
  * Build the env described by `recipe` into `opts.store` and record it
- * (`loadEnv(env.id)` finds it later). Throws EnvError naming the failing step
- * with the end of its output.
+ * (`loadEnv(env.id)` finds it later), unless the recipe index has it
+ * already (recipeIndex.ts): then the env built before comes back with
+ * `reused: true`, at once. Throws EnvError naming the failing step with the
+ * end of its output.
  */
 export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promise<Env> {
   const r = checkRecipe(recipe);
   const python = resolvePython(r.python);
+  const key = await recipeKey(r, python, { keepRepo: opts.keepRepo !== false });
+  if (key === undefined) return build(r, python, opts);
+  if (!opts.rebuild) {
+    const found = await findIndexedEnv(opts.store, key);
+    if (found) return { ...found, reused: true };
+  }
+  const lock = await lockRecipe(opts.store, key, opts.signal);
+  try {
+    if (!opts.rebuild) {
+      const again = await findIndexedEnv(opts.store, key); // built by another process while we waited
+      if (again) return { ...again, reused: true };
+    }
+    const env = await build(r, python, opts);
+    await recordIndexedEnv(opts.store, key, env);
+    return env;
+  } finally {
+    await lock.release();
+  }
+}
+
+async function build(r: CheckedRecipe, python: BasePython, opts: BuildEnvOptions): Promise<Env> {
   const label = `env${r.name ? ` ${r.name}` : ''}`;
   const workRoot = path.resolve(opts.workRoot ?? path.join(envsDir(opts.store.root), 'build'));
   const signal = opts.signal ? { signal: opts.signal } : {};

@@ -58,6 +58,8 @@ export interface Env {
   /** Absolute archive paths, when kept. */
   archives: { venv?: string; repo?: string };
   manifest: EnvManifest;
+  /** Set by buildEnv when the recipe had been built already and this is that env. */
+  reused?: boolean;
 }
 
 const ENV_ID = /^env-[0-9a-f]{24}$/;

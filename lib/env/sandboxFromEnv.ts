@@ -136,7 +136,8 @@ export async function startEnvSandbox(env: Env, opts: EnvSandboxOptions, extract
     }
     const layers = [placed.repo, placed.venv].filter((p): p is Placement => p !== undefined);
     const mounts: Mount[] = [
-      ...basePythonMounts(env.python, sandboxOpts.root ?? 'host'),
+      // A layers root shows nothing of the host, as 'empty' does.
+      ...basePythonMounts(env.python, sandboxOpts.root === 'host' || sandboxOpts.root === undefined ? 'host' : 'empty'),
       ...layers.flatMap((p) => (p.mount ? [p.mount] : [])),
       ...(sandboxOpts.mounts ?? []),
     ];

@@ -50,6 +50,9 @@ export type NativeOp =
       userxattr?: boolean;
       /** With cloneInParent: the upper base is idmapped too. */
       upperIdmap?: boolean;
+      /** Upper and work on a fresh tmpfs of this overlay's own (options in `data`), not a host dir. */
+      upperTmpfs?: boolean;
+      data?: string;
     } & MountFlags &
       HostSourceFlags)
   | { kind: 'symlink'; src: string; dst: string }
@@ -68,6 +71,13 @@ export interface NativePlan {
   namespaces: NamespaceName[];
   uidMap?: string;
   gidMap?: string;
+  /**
+   * Instead of uidMap/gidMap: a setuid helper's argv (newuidmap PID map...)
+   * run by the addon before the child is released; argv[1] is replaced by
+   * the child's pid.
+   */
+  uidMapper?: string[];
+  gidMapper?: string[];
   denySetgroups?: boolean;
   /** Ids every process of the sandbox takes first (a root caller's remapped root). */
   initUser?: { uid: number; gid: number };

@@ -6,7 +6,7 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 
 import { release, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { writable as canWrite } from './limits.js';
-import { rootIdRange } from './policy.js';
+import { idRangeSupport, rootIdRange } from './policy.js';
 import { run } from './run.js';
 import { DEFAULT_SECCOMP_RULES } from './seccomp.js';
 import { removeTree } from '../files/fsTree.js';
@@ -140,6 +140,18 @@ async function idMappingCheck(): Promise<Check> {
   }
 }
 
+/** Whether `ids: 'range'` (ids 0-65535 inside, container images) is available, and why not. */
+async function idRangeCheck(): Promise<Check> {
+  const name = "id range (ids: 'range')";
+  const r = idRangeSupport();
+  if (!r.ok) return { name, ok: false, detail: `${r.reason}; sandboxes still run, with one id (images' owners are squashed to it)` };
+  const ids = `uids ${r.uid.start}-${r.uid.start + r.uid.count - 1}, gids ${r.gid.start}-${r.gid.start + r.gid.count - 1}`;
+  if (r.caller === 'root') return { name, ok: true, detail: `root's sandboxes always map ids 0-65535 (${ids})` };
+  // The helpers can still refuse (a range not this user's, a nosuid /usr): try them.
+  const check = await sandboxCheck(name, 'a sandbox with ids 0-65535 mapped', { argv: ['true'], ids: 'range' });
+  return check.ok ? { name, ok: true, detail: `0 inside is this user, 1-65535 are its subordinate ${ids}, mapped by newuidmap/newgidmap` } : check;
+}
+
 function fuseCheck(): Check {
   const usable = canWrite('/dev/fuse');
   return { name: '/dev/fuse', ok: true, detail: `${usable ? 'usable' : 'not usable by this user'} (not needed: overlayfs is used)` };
@@ -157,6 +169,7 @@ export async function doctor(): Promise<Check[]> {
     await overlayCheck(),
     await seccompCheck(),
     await idMappingCheck(),
+    await idRangeCheck(),
     cgroupCheck(),
     fuseCheck(),
   ];

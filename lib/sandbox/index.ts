@@ -4,6 +4,7 @@ export { buildPlan, describeNativeOp, type BuiltPlan } from './plan.js';
 export { spawn, SandboxProcess, type ExitInfo, type Terminal } from './process.js';
 export { run, type RunResult } from './run.js';
 export * as policy from './policy.js';
+export { idRangeSupport, type IdRangeSupport, type SubidRange } from './policy.js';
 export { doctor, type Check } from './doctor.js';
 export { Sandbox, type SandboxCreateOptions, type ExecOptions, type ExecResult, type ShellOptions, type Command } from './sandbox.js';
 export { SandboxLimits, type Limits, type LimitReport } from './limits.js';

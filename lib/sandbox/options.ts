@@ -98,8 +98,26 @@ export interface SandboxOptions {
    * - 'host' (default): a read-only view of the host's /usr, /bin, /lib*,
    *   /sbin and a safe subset of /etc, with fresh /proc, /dev and /tmp.
    * - 'empty': an empty tmpfs; `mounts` must provide everything.
+   * - { layers }: an overlay of these host directories (read-only, highest
+   *   priority first, as OverlayMount.lower) below a private writable upper
+   *   (Sandbox.create: in its private directory; run()/spawn(): a tmpfs),
+   *   with fresh /proc, /dev and /tmp as for 'host'. Nothing of the host is
+   *   visible but what `mounts` adds. Whiteouts in the layers are
+   *   overlayfs's: a 0/0 character device hides a file, the xattr
+   *   `user.overlay.opaque=y` a directory's lower content. /work exists
+   *   only with `workDir`; the default cwd is then /work, else /.
    */
-  root?: 'host' | 'empty';
+  root?: 'host' | 'empty' | { layers: string[] };
+  /**
+   * Ids mapped inside. 'single' (default): only the caller's own (see
+   * mapUser). 'range': ids 0-65535, as in a container: a root caller's
+   * sandbox always has them (its remapped range); another caller's own ids
+   * are 0 inside and 1-65535 are the first ids of its /etc/subuid and
+   * /etc/subgid entry, written by the setuid helpers newuidmap/newgidmap
+   * (package uidmap), as rootless Podman does. A missing entry or helper is
+   * a ConfigError saying which (policy.idRangeSupport() tells beforehand).
+   */
+  ids?: 'single' | 'range';
   /** Applied in order after the root's own mounts. */
   mounts?: Mount[];
   /**

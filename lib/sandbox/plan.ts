@@ -22,13 +22,15 @@ import {
   identityFileOps,
   procOps,
   rootIdRange,
+  callerIdRange,
+  RANGE_IDS,
   type IdRange,
 } from './policy.js';
 import { seccompProgram } from './seccomp.js';
 
 const SANDBOX_KEYS = [
   'root', 'mounts', 'workDir', 'proc', 'dev', 'tmp', 'readOnlyRoot', 'hostname', 'network',
-  'namespaces', 'mapUser', 'rootSwitch', 'seccomp', 'nesting',
+  'namespaces', 'mapUser', 'rootSwitch', 'seccomp', 'nesting', 'ids',
 ] as const;
 const PROCESS_KEYS = [
   'argv', 'env', 'inheritEnv', 'cwd', 'user', 'rlimits', 'capabilities', 'noNewPrivs', 'newSession',
@@ -178,6 +180,14 @@ export interface Identity {
   range?: IdRange;
   /** With a range: the ids every process of the sandbox takes first, the range's root. */
   initUser?: { uid: number; gid: number };
+  /** How many ids are mapped inside, from 0 (a range) or insideUid alone (1). */
+  idCount: number;
+  /**
+   * An unprivileged caller's `ids: 'range'`: the setuid helpers that write
+   * the maps (uidMap/gidMap then only describe them, for sb.isolation).
+   */
+  uidMapper?: string[];
+  gidMapper?: string[];
 }
 
 /**
@@ -194,11 +204,34 @@ function identity(opts: SandboxOptions, ns: Set<NamespaceName>): Identity {
   const gid = process.getgid?.() ?? 0;
   const mapUser = opts.mapUser ?? 'root';
   if (mapUser !== 'root' && mapUser !== 'self') fail('mapUser', `'${String(mapUser)}' must be 'root' or 'self'`);
+  const ids = opts.ids ?? 'single';
+  if (ids !== 'single' && ids !== 'range') fail('ids', `'${String(ids)}' must be 'single' or 'range'`);
   if (!ns.has('user')) {
     if (uid !== 0) fail('namespaces.user', 'a non-root caller needs the user namespace');
-    return { userns: false, denySetgroups: false, insideUid: uid, insideGid: gid };
+    if (ids === 'range') fail('ids', "'range' maps ids in the sandbox's user namespace, and namespaces.user is false");
+    return { userns: false, denySetgroups: false, insideUid: uid, insideGid: gid, idCount: 0 };
   }
   const range = remappedRange(opts);
+  if (!range && ids === 'range') {
+    // Podman's rootless layout: the caller is root inside, its subordinate
+    // ids are 1-65535. Only the setuid helpers may write such maps.
+    if (mapUser === 'self') fail('mapUser', "'self' cannot go with ids: 'range', which maps the caller to root inside");
+    const r = callerIdRange();
+    if ('reason' in r) fail('ids', `'range' ${r.reason}`);
+    return {
+      userns: true,
+      uidMap: r.uidMap,
+      gidMap: r.gidMap,
+      uidMapper: r.uidMapper,
+      gidMapper: r.gidMapper,
+      // setgroups stays allowed: the sandbox's processes may take another
+      // user's groups, as `su` does; newgidmap permits it for a subgid map.
+      denySetgroups: false,
+      insideUid: 0,
+      insideGid: 0,
+      idCount: RANGE_IDS,
+    };
+  }
   if (range) {
     // The caller's root stays outside: its own uid 0 is not mapped at all.
     return {
@@ -210,6 +243,7 @@ function identity(opts: SandboxOptions, ns: Set<NamespaceName>): Identity {
       insideGid: 0,
       range,
       initUser: { uid: 0, gid: 0 },
+      idCount: range.count,
     };
   }
   const insideUid = mapUser === 'root' ? 0 : uid;
@@ -222,6 +256,7 @@ function identity(opts: SandboxOptions, ns: Set<NamespaceName>): Identity {
     denySetgroups: true,
     insideUid,
     insideGid,
+    idCount: 1,
   };
 }
 
@@ -328,11 +363,14 @@ export interface SandboxPart {
   namespaces: NamespaceName[];
   identity: Identity;
   hostname: string;
-  root: 'host' | 'empty';
+  /** 'layers': an overlay of host directories (options.root's `layers`). */
+  root: 'host' | 'empty' | 'layers';
   /** The seccomp program every process of the sandbox runs under; undefined: none. */
   seccomp?: Buffer;
   /** Processes may create user namespaces (options.nesting). */
   nesting: boolean;
+  /** /work exists (a host root's, or a workDir bound): the default cwd. */
+  hasWork: boolean;
   /** Sizes of the sandbox's own tmpfs mounts, by mount point (what sb.limits.tmpfs reports). */
   tmpfs: Record<string, string>;
   /** Ops shared by every sandbox of this kind (the host root), prepared once. */
@@ -360,10 +398,23 @@ function checkKeys(opts: object, allowed: Set<string>): void {
  * private overlays, environment layers): raw ops, and mounts validated and
  * named like the user's own, placed before `mounts`.
  */
-export function buildSandboxPart(opts: SandboxOptions, extra: { ops?: NativeOp[]; mounts?: NamedMount[] } = {}): SandboxPart {
+export function buildSandboxPart(
+  opts: SandboxOptions,
+  extra: {
+    ops?: NativeOp[];
+    mounts?: NamedMount[];
+    /**
+     * With `root: { layers }`: the host directory holding the root's
+     * writable `upper` and `work` directories (a persistent sandbox's own);
+     * without it the upper is a tmpfs.
+     */
+    rootUpper?: string;
+  } = {},
+): SandboxPart {
   const ns = namespaces(opts);
   const id = identity(opts, ns);
-  if (!ns.has('pid') && (opts.proc ?? true) && (opts.root ?? 'host') === 'host') {
+  const root = rootKind(opts.root);
+  if (!ns.has('pid') && (opts.proc ?? true) && root !== 'empty') {
     fail('namespaces.pid', 'a fresh /proc needs the PID namespace (set proc: false to go without)');
   }
   const hostname = opts.hostname ?? 'sandbox';
@@ -373,12 +424,17 @@ export function buildSandboxPart(opts: SandboxOptions, extra: { ops?: NativeOp[]
   if (opts.nesting !== undefined && typeof opts.nesting !== 'boolean') fail('nesting', 'must be a boolean');
   const seccomp = seccompProgram(opts.seccomp, { nesting: opts.nesting });
   const ops: NativeOp[] = [];
-  const root = opts.root ?? 'host';
-  if (root !== 'host' && root !== 'empty') fail('root', `'${String(root)}' must be 'host' or 'empty'`);
   const prefix = root === 'host' ? hostRoot(id.range) : undefined;
-  if (!prefix) ops.push(ROOT_TMPFS);
-  const tmpfs: Record<string, string> = { '/': TMPFS_SIZES.root };
-  if (root === 'host') {
+  const tmpfs: Record<string, string> = {};
+  if (root === 'layers') {
+    const layersRoot = layersRootOp((opts.root as { layers: unknown }).layers, id, extra.rootUpper);
+    ops.push(layersRoot);
+    if (layersRoot.kind === 'overlay' && layersRoot.upperTmpfs) tmpfs['/'] = TMPFS_SIZES.upper;
+  } else {
+    if (!prefix) ops.push(ROOT_TMPFS);
+    tmpfs['/'] = TMPFS_SIZES.root;
+  }
+  if (root !== 'empty') {
     if (ns.has('uts')) ops.push(...identityFileOps(hostname));
     if (opts.dev ?? true) {
       ops.push(...devOps());
@@ -394,12 +450,14 @@ export function buildSandboxPart(opts: SandboxOptions, extra: { ops?: NativeOp[]
     if (opts.workDir !== undefined) {
       const src = hostDir('workDir', opts.workDir, 'workDir');
       ops.push({ kind: 'bind', src, dst: WORK_DIR, nosuid: true, nodev: true, ...hostSourceFlags(src, id.range) });
-    } else {
+    } else if (root === 'host') {
+      // A layers root is a writable tree of its own: /work only when asked.
       ops.push({ kind: 'tmpfs', dst: WORK_DIR, data: `mode=0755,size=${TMPFS_SIZES.work}`, nosuid: true, nodev: true });
       tmpfs[WORK_DIR] = TMPFS_SIZES.work;
     }
-    // The home of uid 0 inside; HOME must exist for most tools.
-    ops.push({ kind: 'mkdir', dst: '/root', mode: 0o700 });
+    // The home of uid 0 inside; HOME must exist for most tools (a layers
+    // root brings its own /root, or not, as its image made it).
+    if (root === 'host') ops.push({ kind: 'mkdir', dst: '/root', mode: 0o700 });
   } else if (opts.workDir !== undefined) {
     fail('workDir', "needs root 'host' (with root 'empty', bind it through mounts)");
   }
@@ -411,7 +469,7 @@ export function buildSandboxPart(opts: SandboxOptions, extra: { ops?: NativeOp[]
   for (const { option, mount } of mounts) ops.push(...mountOps(mount, option, id));
   const rootSwitch = opts.rootSwitch ?? 'pivot_root';
   if (rootSwitch !== 'pivot_root' && rootSwitch !== 'chroot') fail('rootSwitch', "must be 'pivot_root' or 'chroot'");
-  return { namespaces: [...ns], identity: id, hostname, root, seccomp, nesting: !!opts.nesting, tmpfs, prefix, ops, pivot: rootSwitch === 'pivot_root', readOnlyRoot: !!opts.readOnlyRoot };
+  return { namespaces: [...ns], identity: id, hostname, root, seccomp, nesting: !!opts.nesting, hasWork: root === 'host' || (root === 'layers' && opts.workDir !== undefined), tmpfs, prefix, ops, pivot: rootSwitch === 'pivot_root', readOnlyRoot: !!opts.readOnlyRoot };
 }
 
 /** 'CAP_CHOWN' or 'chown' -> 0; an unknown name is a ConfigError naming `option`. */
@@ -436,12 +494,12 @@ export function buildProcessPart(
   }
   if (opts.argv.some((a) => a.includes('\0'))) fail('argv', 'contains a NUL byte');
   const id = sandbox.identity;
-  const cwd = checkSandboxPath('cwd', opts.cwd ?? (sandbox.root === 'host' ? WORK_DIR : '/'));
+  const cwd = checkSandboxPath('cwd', opts.cwd ?? (sandbox.root === 'host' || (sandbox.root === 'layers' && sandbox.hasWork) ? WORK_DIR : '/'));
   const user = opts.user;
   if (user !== undefined) {
     if (!Number.isInteger(user.uid) || !Number.isInteger(user.gid) || user.uid < 0 || user.gid < 0) fail('user', 'needs integer uid and gid');
-    if (id.range) {
-      if (user.uid >= id.range.count || user.gid >= id.range.count) fail('user', `uid ${user.uid}/gid ${user.gid} is not mapped in the sandbox's user namespace (mapped: 0-${id.range.count - 1})`);
+    if (id.idCount > 1) {
+      if (user.uid >= id.idCount || user.gid >= id.idCount) fail('user', `uid ${user.uid}/gid ${user.gid} is not mapped in the sandbox's user namespace (mapped: 0-${id.idCount - 1})`);
     } else if (id.userns && (user.uid !== id.insideUid || user.gid !== id.insideGid)) {
       fail('user', `uid ${user.uid}/gid ${user.gid} is not mapped in the sandbox's user namespace (mapped: ${id.insideUid}/${id.insideGid})`);
     }
@@ -498,12 +556,15 @@ export function allOps(part: SandboxPart): readonly NativeOp[] {
   return part.prefix ? [...part.prefix.ops, ...part.ops] : part.ops;
 }
 
-export function sandboxPlanFields(part: SandboxPart): Pick<NativePlan, 'namespaces' | 'uidMap' | 'gidMap' | 'denySetgroups' | 'initUser' | 'hostname' | 'pivot' | 'rootReadOnly' | 'opsPrefix' | 'ops'> {
+export function sandboxPlanFields(part: SandboxPart): Pick<NativePlan, 'namespaces' | 'uidMap' | 'gidMap' | 'uidMapper' | 'gidMapper' | 'denySetgroups' | 'initUser' | 'hostname' | 'pivot' | 'rootReadOnly' | 'opsPrefix' | 'ops'> {
   const { identity: id } = part;
   return {
     namespaces: part.namespaces,
-    uidMap: id.uidMap,
-    gidMap: id.gidMap,
+    // With helpers, the maps are theirs to write (uidMap only describes them).
+    uidMap: id.uidMapper ? undefined : id.uidMap,
+    gidMap: id.gidMapper ? undefined : id.gidMap,
+    uidMapper: id.uidMapper,
+    gidMapper: id.gidMapper,
     denySetgroups: id.denySetgroups,
     initUser: id.initUser,
     hostname: part.hostname,
@@ -516,6 +577,39 @@ export function sandboxPlanFields(part: SandboxPart): Pick<NativePlan, 'namespac
 
 export function describer(ops: readonly NativeOp[]): (index: number) => string {
   return (i) => (ops[i] ? describeNativeOp(ops[i]!) : 'setup');
+}
+
+/** Which kind of root `root` asks for; ConfigError if none. */
+function rootKind(root: SandboxOptions['root']): SandboxPart['root'] {
+  if (root === undefined || root === 'host') return 'host';
+  if (root === 'empty') return 'empty';
+  if (typeof root === 'object' && root !== null && !Array.isArray(root)) {
+    for (const key of Object.keys(root)) if (key !== 'layers') fail(`root.${key}`, 'unknown option (root takes { layers })');
+    return 'layers';
+  }
+  fail('root', `'${String(root)}' must be 'host', 'empty' or { layers: [...] }`);
+}
+
+/**
+ * The root of `root: { layers }`: an overlay mounted on the new root itself
+ * (native: stacked on /newroot before every other op, as the root tmpfs is
+ * otherwise, so pivot_root finds a mount there), the layers read-only below
+ * a private upper. A root caller's layers are idmapped like any host source.
+ */
+function layersRootOp(layers: unknown, id: Identity, rootUpper: string | undefined): NativeOp {
+  if (!Array.isArray(layers) || layers.length === 0) fail('root.layers', 'needs at least one host directory (highest priority first)');
+  const lower = layers.map((l, j) => hostDir(`root.layers[${j}]`, l, 'root layer'));
+  const { cloneInParent, idmap } = hostSourceFlags(lower[0]!, id.range);
+  const op: NativeOp = { kind: 'overlay', dst: '/', lower, nosuid: true, nodev: true, userxattr: id.userns, cloneInParent, idmap };
+  if (rootUpper === undefined) {
+    op.upperTmpfs = true;
+    op.data = `mode=0755,size=${TMPFS_SIZES.upper}`;
+    return op;
+  }
+  const base = hostDir('root', rootUpper, 'root upper dir');
+  Object.assign(op, { upperBase: base, upper: 'upper', work: 'work' });
+  if (id.range) op.upperIdmap = hostSourceFlags(base, id.range).idmap;
+  return op;
 }
 
 /** Validates options and builds the native plan; throws ConfigError. */

@@ -3,7 +3,8 @@
  * host-binds root contains, what a minimal /dev holds, which /proc paths are
  * hidden. The native side only executes the ops built from these lists.
  */
-import { lstatSync, readFileSync, readlinkSync } from 'node:fs';
+import { lstatSync, readFileSync, readlinkSync, statSync } from 'node:fs';
+import { userInfo } from 'node:os';
 import { native, type NativeOp, type PreparedOps } from '../native/index.js';
 
 /**
@@ -25,7 +26,25 @@ export const DEFAULT_ROOT_ID_RANGE: IdRange = { uid: 1879048192, gid: 1879048192
 
 export const SUBID_USER = 'minisandbox';
 
-function subidEntry(file: string): { start: number; count: number } | undefined {
+/**
+ * The files the subordinate id ranges are read from (shadow's format,
+ * `name-or-uid:start:count`). A property, not a constant, so a test can
+ * point the reader at a file of its own.
+ */
+export const SUBID_FILES = { uid: '/etc/subuid', gid: '/etc/subgid' };
+
+/** A run of host ids: `start` to `start + count - 1`. */
+export interface SubidRange {
+  start: number;
+  count: number;
+}
+
+/**
+ * The first entry of `file` for any of `names` (a user name or a uid in
+ * decimal: shadow accepts both), at most 65536 ids of it; undefined when the
+ * file is missing or has none.
+ */
+export function subidEntry(file: string, names: readonly string[] = [SUBID_USER]): SubidRange | undefined {
   let text: string;
   try {
     text = readFileSync(file, 'utf8');
@@ -34,7 +53,7 @@ function subidEntry(file: string): { start: number; count: number } | undefined 
   }
   for (const line of text.split('\n')) {
     const [name, start, count] = line.trim().split(':');
-    if (name !== SUBID_USER) continue;
+    if (name === undefined || !names.includes(name)) continue;
     const s = Number(start);
     const c = Number(count);
     if (Number.isInteger(s) && Number.isInteger(c) && s > 0 && c > 0) return { start: s, count: Math.min(c, 65536) };
@@ -50,6 +69,101 @@ export function rootIdRange(): IdRange {
   const g = subidEntry('/etc/subgid');
   rootIdRangeCache = u && g ? { uid: u.start, gid: g.start, count: Math.min(u.count, g.count) } : DEFAULT_ROOT_ID_RANGE;
   return rootIdRangeCache;
+}
+
+/** Ids an `ids: 'range'` sandbox maps: 0 to RANGE_IDS - 1 inside. */
+export const RANGE_IDS = 65536;
+
+/** Where the setuid map helpers (package uidmap) are looked for, in order. */
+export const MAP_HELPER_DIRS = ['/usr/bin', '/bin', '/usr/sbin', '/sbin', '/usr/local/bin'];
+
+/**
+ * An unprivileged caller's `ids: 'range'`: its own ids are 0 inside, its
+ * subordinate ranges 1-65535, written by the helpers (`argv[1]`, the pid,
+ * is filled in by the addon).
+ */
+export interface CallerIdRange {
+  uid: SubidRange;
+  gid: SubidRange;
+  uidMapper: string[];
+  gidMapper: string[];
+  /** "inside outside count" lines, as /proc/PID/uid_map will show them. */
+  uidMap: string;
+  gidMap: string;
+}
+
+/** What `ids: 'range'` gives this caller, or why it cannot. */
+export type IdRangeSupport =
+  | { ok: true; uid: SubidRange; gid: SubidRange; caller: 'root' | 'subid' }
+  | { ok: false; reason: string };
+
+function findHelper(name: string): string | undefined {
+  for (const dir of MAP_HELPER_DIRS) {
+    try {
+      const st = statSync(`${dir}/${name}`);
+      if (st.isFile()) return `${dir}/${name}`;
+    } catch {
+      // not here
+    }
+  }
+  return undefined;
+}
+
+/**
+ * The caller's `ids: 'range'` mapping, or why there is none. Read on every
+ * call (two small files): an entry added while the process runs counts.
+ */
+export function callerIdRange(): CallerIdRange | { reason: string } {
+  const uid = process.getuid?.() ?? 0;
+  const gid = process.getgid?.() ?? 0;
+  let name: string | undefined;
+  try {
+    name = userInfo().username;
+  } catch {
+    // no passwd entry: only the uid form can match
+  }
+  const who = name ?? `uid ${uid}`;
+  const names = name ? [name, String(uid)] : [String(uid)];
+  const u = subidEntry(SUBID_FILES.uid, names);
+  const g = subidEntry(SUBID_FILES.gid, names);
+  const missing = [!u && SUBID_FILES.uid, !g && SUBID_FILES.gid].filter(Boolean);
+  if (missing.length) {
+    return { reason: `needs a ${missing.join(' and a ')} entry for ${who} (e.g. '${name ?? uid}:100000:65536', as \`usermod --add-subuids 100000-165535 --add-subgids 100000-165535 ${name ?? uid}\` writes)` };
+  }
+  if (u!.count < RANGE_IDS - 1 || g!.count < RANGE_IDS - 1) {
+    return { reason: `needs ${RANGE_IDS - 1} subordinate ids for ${who}; ${SUBID_FILES.uid} gives ${u!.count}, ${SUBID_FILES.gid} gives ${g!.count}` };
+  }
+  const newuidmap = findHelper('newuidmap');
+  const newgidmap = findHelper('newgidmap');
+  const helpers = [!newuidmap && 'newuidmap', !newgidmap && 'newgidmap'].filter(Boolean);
+  if (helpers.length) {
+    return { reason: `needs the setuid helpers newuidmap and newgidmap (package uidmap); ${helpers.join(' and ')} not found in ${MAP_HELPER_DIRS.join(', ')}` };
+  }
+  const n = RANGE_IDS - 1;
+  return {
+    uid: u!,
+    gid: g!,
+    uidMapper: [newuidmap!, '', '0', String(uid), '1', '1', String(u!.start), String(n)],
+    gidMapper: [newgidmap!, '', '0', String(gid), '1', '1', String(g!.start), String(n)],
+    uidMap: `0 ${uid} 1\n1 ${u!.start} ${n}\n`,
+    gidMap: `0 ${gid} 1\n1 ${g!.start} ${n}\n`,
+  };
+}
+
+/**
+ * Whether a sandbox of this caller can have `ids: 'range'`, and the host
+ * ids it would use: a root caller always (its remapped range, see
+ * rootIdRange), another caller with a /etc/subuid and /etc/subgid entry
+ * and the uidmap helpers. For other rooms (images) and `doctor`.
+ */
+export function idRangeSupport(): IdRangeSupport {
+  if ((process.getuid?.() ?? 0) === 0) {
+    const r = rootIdRange();
+    return { ok: true, uid: { start: r.uid, count: r.count }, gid: { start: r.gid, count: r.count }, caller: 'root' };
+  }
+  const r = callerIdRange();
+  if ('reason' in r) return { ok: false, reason: r.reason };
+  return { ok: true, uid: r.uid, gid: r.gid, caller: 'subid' };
 }
 
 /** Top-level host directories the 'host' root shows read-only. */
@@ -110,6 +224,8 @@ export const TMPFS_SIZES = {
   tmp: '1g',
   /** /work when it is a tmpfs (run() without workDir). */
   work: '1g',
+  /** The writable upper of a one-shot sandbox's `root: { layers }`. */
+  upper: '1g',
   /** Docker's default /dev/shm. */
   shm: '64m',
   /** /dev holds only device binds, symlinks and mount points. */

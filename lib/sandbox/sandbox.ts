@@ -191,14 +191,23 @@ export class Sandbox implements AsyncDisposable {
         const dir = ownDir(join(privateDir, 'layers', String(i)));
         return { option: `overlays[${i}]`, mount: { type: 'overlay', target: o?.target, lower: o?.lower, upper: ownDir(join(dir, 'upper')), work: ownDir(join(dir, 'work')) } };
       });
+      // A layers root is the sandbox's own writable tree: its upper lives
+      // here, next to /work's directory (which it gets only when asked).
+      const layersRoot = typeof sandboxOpts.root === 'object' && sandboxOpts.root !== null;
+      let rootUpper: string | undefined;
+      if (layersRoot) {
+        rootUpper = ownDir(join(privateDir, 'root'));
+        ownDir(join(rootUpper, 'upper'));
+        ownDir(join(rootUpper, 'work'));
+      }
       const part = buildSandboxPart(
-        { ...sandboxOpts, workDir: sandboxOpts.workDir ?? work, hostname: sandboxOpts.hostname ?? id },
-        { ops: extraOps, mounts: layered },
+        { ...sandboxOpts, workDir: sandboxOpts.workDir ?? (layersRoot ? undefined : work), hostname: sandboxOpts.hostname ?? id },
+        { ops: extraOps, mounts: layered, rootUpper },
       );
       // Checked now, so a bad name fails here rather than at the first command.
       if (capabilities !== undefined) capabilityNumbers('capabilities', capabilities);
       if (!part.namespaces.includes('pid')) throw new ConfigError('namespaces.pid: a persistent sandbox needs its PID namespace', 'namespaces.pid');
-      const startCwd = checkSandboxPath('cwd', cwd ?? (part.root === 'host' ? WORK_DIR : '/'));
+      const startCwd = checkSandboxPath('cwd', cwd ?? (part.hasWork ? WORK_DIR : '/'));
       limits = new SandboxLimits(id, limitOpts);
       limits.report.tmpfs = part.tmpfs;
       const plan: NativePlan = {
@@ -217,8 +226,8 @@ export class Sandbox implements AsyncDisposable {
       init.unref();
       await init.ready;
       const isolation: IsolationReport = {
-        uidMap: part.identity.uidMap?.trim() ?? null,
-        gidMap: part.identity.gidMap?.trim() ?? null,
+        uidMap: part.identity.userns ? (idMapOf(init.pid, 'uid_map') ?? part.identity.uidMap?.trim() ?? null) : null,
+        gidMap: part.identity.userns ? (idMapOf(init.pid, 'gid_map') ?? part.identity.gidMap?.trim() ?? null) : null,
         hostRootInside: process.getuid?.() === 0 && !part.identity.range,
         seccomp: part.seccomp === undefined ? 'none' : (sandboxOpts.seccomp ?? 'default') === 'default' ? 'default' : 'custom',
         nesting: !!sandboxOpts.nesting,
@@ -506,6 +515,21 @@ export class Sandbox implements AsyncDisposable {
 
   async [Symbol.asyncDispose](): Promise<void> {
     await this.close();
+  }
+}
+
+/**
+ * The id map of the sandbox's user namespace as the kernel holds it
+ * ("inside outside count" lines, spaces collapsed), or undefined without a
+ * readable one.
+ */
+function idMapOf(pid: number, file: 'uid_map' | 'gid_map'): string | undefined {
+  try {
+    const text = readFileSync(`/proc/${pid}/${file}`, 'utf8');
+    const lines = text.trim().split('\n').map((l) => l.trim().split(/\s+/).join(' '));
+    return lines.join('\n') || undefined;
+  } catch {
+    return undefined;
   }
 }
 

@@ -76,7 +76,12 @@ describe('minisandbox env and store', () => {
       const built = cli('env', 'build', '--python', python, '--name', 'cli-test', '--run', 'python -c "print(1)"', '--store', store, '--json');
       expect(built.stderr).toBe('');
       expect(built.status).toBe(0);
-      const env = JSON.parse(built.stdout) as { id: string; venv: string };
+      const env = JSON.parse(built.stdout) as { id: string; venv: string; reused: boolean };
+      expect(env.reused).toBe(false);
+      // The same recipe again: the env of the first build, nothing new stored.
+      const again = cli('env', 'build', '--python', python, '--name', 'other label', '--run', 'python -c "print(1)"', '--store', store);
+      expect(again.status).toBe(0);
+      expect(again.stdout).toMatch(new RegExp(`^reused env ${env.id}, built \\d{4}-`));
       const ls = JSON.parse(cli('store', 'ls', '--store', store, '--json').stdout) as { digest: string; users: string[] }[];
       expect(ls).toHaveLength(1);
       expect(ls[0]!.users.join()).toContain(env.id);

@@ -4,11 +4,11 @@
  * and isolated.
  */
 import { spawnSync } from 'node:child_process';
-import { existsSync, readdirSync } from 'node:fs';
+import { existsSync, readdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createExtractedEnvSandbox } from '../../lib/env/extractBaseline.js';
-import { buildEnv, buildRepo, createEnvSandbox, EnvError, listEnvs, loadEnv, type Env, type EnvSandbox } from '../../lib/env/index.js';
+import { buildEnv, buildRepo, createEnvSandbox, EnvError, listEnvs, loadEnv, removeEnv, type Env, type EnvSandbox } from '../../lib/env/index.js';
 import { digestDirectory, openStore, type LayerStore } from '../../lib/layers/index.js';
 import { tempDir } from '../helpers.js';
 import { basePython, buildWheel, canCompile, gitRepo, writePackage } from './fixtures.js';
@@ -232,6 +232,54 @@ describe.skipIf(!python)("the fast path: the base's packages, no archives, one e
     await using sb = await createEnvSandbox(env, { repo: repo.layer });
     expect(await out(sb, `pwd; python -c 'import testbed_mod; print(testbed_mod.answer())'`)).toBe('/testbed\nlater');
     expect(await out(sb, 'git rev-parse HEAD')).toBe(later);
+  }, 300_000);
+});
+
+describe.skipIf(!python)('the recipe index: a recipe is built once', () => {
+  const tmp = tempDir('msbx-env-index-');
+  afterAll(() => tmp.remove());
+
+  it('returns the env built before for the same recipe, and builds again when an input, the recipe or --rebuild says so', async () => {
+    const store = await openStore({ root: path.join(tmp.path, 'store') });
+    const pkg = path.join(tmp.path, 'pkg');
+    writePackage(pkg, { name: 'index-pkg', packages: ['index_pkg'], files: { 'index_pkg/__init__.py': 'V = 1\n' } });
+    const recipe = { python: python!.path, steps: [{ package: pkg }, { run: 'echo one' }], systemSitePackages: true };
+    const opts = { store, keepArchives: false };
+
+    const first = await buildEnv({ ...recipe, name: 'first' }, opts);
+    expect(first.reused).toBeUndefined();
+    const layers = (await store.list()).length;
+    // The name and the step timeout are not part of the recipe's key.
+    const again = await buildEnv({ ...recipe, name: 'again', stepTimeoutMs: 60_000 }, opts);
+    expect([again.id, again.reused]).toEqual([first.id, true]);
+    expect((await store.list()).length).toBe(layers);
+    expect((await listEnvs({ store })).map((e) => e.id)).toEqual([first.id]);
+
+    // Concurrent builds of a new recipe: one builds, the other waits for it and reuses it.
+    const racing = { ...recipe, steps: [...recipe.steps, { run: 'echo racing' }] };
+    const [a, b] = await Promise.all([buildEnv(racing, opts), buildEnv(racing, opts)]);
+    expect(a.id).toBe(b.id);
+    expect([a.reused, b.reused].filter(Boolean)).toEqual([true]);
+
+    // Another step, or the same package with other content, is another recipe.
+    const otherStep = await buildEnv({ ...recipe, steps: [{ package: pkg }, { run: 'echo two' }] }, opts);
+    expect(otherStep.reused).toBeUndefined();
+    writeFileSync(path.join(pkg, 'index_pkg', '__init__.py'), 'V = 2\n');
+    const changed = await buildEnv(recipe, opts);
+    expect(changed.reused).toBeUndefined();
+    await using sb = await createEnvSandbox(changed);
+    expect(await out(sb, `python -c 'import index_pkg; print(index_pkg.V)'`)).toBe('2');
+
+    // rebuild: built again, and the index now names the new build.
+    const rebuilt = await buildEnv(recipe, { ...opts, rebuild: true });
+    expect(rebuilt.reused).toBeUndefined();
+    expect((await buildEnv(recipe, opts)).manifest.created).toBe(rebuilt.manifest.created);
+
+    // An env removed since is built again, not handed out half-gone.
+    await removeEnv(rebuilt.id, { store });
+    const afterRemove = await buildEnv(recipe, opts);
+    expect(afterRemove.reused).toBeUndefined();
+    expect((await loadEnv(afterRemove.id, { store })).id).toBe(afterRemove.id);
   }, 300_000);
 });
 

@@ -19,7 +19,9 @@ const build: Command = {
 pyenv, or /usr/bin/python3.11), inside a sandbox with no network, installs
 what the options say in the order given, and stores it (with the repo, if
 any) as read-only layers that every sandbox of this env shares. The
-interpreter and the options are checked before anything is written.`,
+interpreter and the options are checked before anything is written. A
+recipe built before (the same interpreter, options and inputs) is not
+built again: its env is printed at once, unless --rebuild says otherwise.`,
     options: {
       '--python': { values: ['V'], required: true, option: 'python', help: 'Base interpreter: a version or an absolute path' },
       '--repo': { values: ['PATH|URL'], option: 'recipe.repo', help: 'A git repository, checked out at /testbed during the build' },
@@ -30,6 +32,7 @@ interpreter and the options are checked before anything is written.`,
       '--run': { values: ['CMD'], repeatable: true, help: 'Run a shell command with the venv active (in the repo)' },
       '--venv-path': { values: ['PATH'], default: DEFAULT_VENV_PATH, option: 'recipe.venvPath', help: 'Where the venv lives in every sandbox' },
       '--name': { values: ['NAME'], help: "A label kept in the env's manifest" },
+      '--rebuild': { help: 'Build even if this recipe was built before' },
       '--store': STORE_OPTION,
       '--json': { help: 'Print the env as JSON, and no build output' },
     },
@@ -54,11 +57,12 @@ interpreter and the options are checked before anything is written.`,
     const env = await buildEnv(recipe, {
       store: await openStore({ root: args.get('--store')! }),
       onOutput: json ? undefined : (step: string, text: string) => process.stderr.write(`--- ${step}\n${text}`),
+      rebuild: args.has('--rebuild'),
     });
     process.stdout.write(
       json
-        ? `${JSON.stringify({ id: env.id, venv: env.venv.digest, repo: env.repo?.digest, python: env.python }, null, 2)}\n`
-        : `built env ${env.id} (python ${env.python.version} at ${env.python.path}; venv ${env.venv.digest.slice(0, 12)}${env.repo ? `, repo ${env.repo.digest.slice(0, 12)}` : ''})\n`,
+        ? `${JSON.stringify({ id: env.id, reused: env.reused === true, venv: env.venv.digest, repo: env.repo?.digest, python: env.python }, null, 2)}\n`
+        : `${env.reused ? `reused env ${env.id}, built ${env.manifest.created} from the same recipe` : `built env ${env.id}`} (python ${env.python.version} at ${env.python.path}; venv ${env.venv.digest.slice(0, 12)}${env.repo ? `, repo ${env.repo.digest.slice(0, 12)}` : ''})\n`,
     );
     return 0;
   },

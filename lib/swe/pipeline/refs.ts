@@ -1,6 +1,5 @@
 /**
- * Names for layers: "the venv of recipe K" and "repo R at commit C" map to
- * a layer digest. Layer digests are content hashes known only after a
+ * Names for layers: "repo R at commit C" maps to a layer digest. Layer digests are content hashes known only after a
  * build, so without this index every run would rebuild to find out.
  *
  * Layout: <store root>/refs/swe/<kind>/<key>.json, next to (never inside)
@@ -15,7 +14,8 @@ import { sha256Hex } from '../../files/hash.js';
 import { acquireLock, type FileLock } from '../../files/lock.js';
 import type { Layer, LayerStore } from '../../layers/store.js';
 
-export type RefKind = 'venv' | 'repo';
+/** Venvs are indexed by lib/env's recipe index; repos of a task by source and base commit here. */
+export type RefKind = 'repo';
 
 export interface LayerRef {
   digest: string;

@@ -121,51 +121,37 @@ export class TaskEnvs {
     });
   }
 
+  /**
+   * The task's venv: built once per key, by lib/env's builder, whose recipe
+   * index returns the env of a recipe built before (by an earlier prepare,
+   * or by `env build`) and makes concurrent builds of one recipe wait for
+   * the first.
+   */
   async prepareEnv(task: Task, opts: { signal?: AbortSignal } = {}): Promise<StepOutcome<Env>> {
     const python = this.#pythonOf(task);
     const key = this.envKey(task);
-    const { store } = this.#opts;
     const { env: lib } = await sandboxLibraries();
-    const recorded = async (): Promise<Env | undefined> => {
-      const found = await readRef(store, 'venv', key);
-      return typeof found?.ref.envId === 'string' ? lib.loadEnv(found.ref.envId, { store }).catch(() => undefined) : undefined;
-    };
-    const existing = await recorded();
-    if (existing) return { value: existing, reused: true };
-    const lock = await lockRef(store, 'venv', key, opts.signal);
-    try {
-      const again = await recorded(); // built by another process while we waited
-      if (again) return { value: again, reused: true };
-      const env = await lib.buildEnv(
-        {
-          name: `${task.repo}@${task.version}`,
-          python: python.path,
-          venvPath: `/opt/venvs/${key.slice(0, 16)}`,
-          repo: { source: repoSource(task), commit: task.environment_setup_commit ?? task.base_commit },
-          repoPath: TESTBED,
-          steps: task.install.map((run) => ({ run })),
-          systemSitePackages: true,
-          network: this.#opts.installNetwork ?? 'none',
-          stepTimeoutMs: this.#opts.installTimeoutMs ?? 15 * 60_000,
-        },
-        {
-          store,
-          keepArchives: false,
-          keepRepo: false,
-          ...(this.#opts.stateDir ? { stateDir: this.#opts.stateDir } : {}),
-          ...(opts.signal ? { signal: opts.signal } : {}),
-        },
-      );
-      writeRef(store, 'venv', key, {
-        digest: env.venv.digest,
-        envId: env.id,
-        description: `venv ${task.repo}@${task.version} (Python ${python.version})`,
-        created: new Date().toISOString(),
-      });
-      return { value: env, reused: false };
-    } finally {
-      await lock.release();
-    }
+    const env = await lib.buildEnv(
+      {
+        name: `${task.repo}@${task.version}`,
+        python: python.path,
+        venvPath: `/opt/venvs/${key.slice(0, 16)}`,
+        repo: { source: repoSource(task), commit: task.environment_setup_commit ?? task.base_commit },
+        repoPath: TESTBED,
+        steps: task.install.map((run) => ({ run })),
+        systemSitePackages: true,
+        network: this.#opts.installNetwork ?? 'none',
+        stepTimeoutMs: this.#opts.installTimeoutMs ?? 15 * 60_000,
+      },
+      {
+        store: this.#opts.store,
+        keepArchives: false,
+        keepRepo: false,
+        ...(this.#opts.stateDir ? { stateDir: this.#opts.stateDir } : {}),
+        ...(opts.signal ? { signal: opts.signal } : {}),
+      },
+    );
+    return { value: env, reused: env.reused === true };
   }
 
   /**
