@@ -14,13 +14,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openStore, type LayerStore } from '../../lib/layers/store.js';
 import { dockerUnavailable, liveDockerContainers } from '../../lib/swe/pipeline/docker.js';
 import { evaluate } from '../../lib/swe/pipeline/evaluate.js';
-import { imageSandboxUnavailable } from '../../lib/swe/pipeline/imageSandbox.js';
 import { prepareTasks, type PrepareResult } from '../../lib/swe/pipeline/prepare.js';
 import { evaluateAll } from '../../lib/swe/pipeline/runReport.js';
 import type { IsolationKind } from '../../lib/swe/pipeline/types.js';
 import { parseTestLog } from '../../lib/swe/logParsers.js';
 import { parseTasks, type Task } from '../../lib/swe/tasks.js';
 import { tempDir } from '../helpers.js';
+import { imageFixtures, IMAGES } from '../images/fixtures.js';
 
 const BASE = 'msbx-test/base:1';
 /** The same image as a `docker save` archive (the fixtures'); used where it exists. */
@@ -44,7 +44,6 @@ async function skipReason(): Promise<string | undefined> {
 const skip = await skipReason();
 if (skip) console.warn(`skipping per-task isolation tests: ${skip}`);
 const suite = skip ? describe.skip : describe;
-const imageSandboxSkip = imageSandboxUnavailable();
 
 const CALC = 'def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n';
 const TESTS = 'import unittest\n\nfrom calc import add, mul\n\n\nclass TestCalc(unittest.TestCase):\n    def test_mul(self):\n        self.assertEqual(mul(2, 3), 6)\n';
@@ -138,18 +137,21 @@ const EXPECTED = {
 
 suite('tasks that name an image', () => {
   let prep: PrepareResult;
+  const registry = imageFixtures().registry;
+  if (!registry) console.warn(`per-task isolation: no pulled image: ${imageFixtures().registrySkip}`);
   // The repo in the image (as SWE-bench's instance images), or checked out
   // from repo_path into /testbed of the bare base image.
   const variants = (): Record<string, Partial<Task>> => ({
     'in-image': { image: TASK_IMAGE },
     'checked-out': { image: BASE, repo_path: repoPath },
     ...(existsSync(BASE_ARCHIVE) ? { 'from-file': { image: BASE_ARCHIVE, repo_path: repoPath } } : {}),
+    // Pulled from the fixtures' loopback registry (plain HTTP, as Docker allows there); its USER is dev, the evaluation runs as root.
+    ...(registry ? { pulled: { image: `${registry}/${IMAGES.app}`, repo_path: repoPath } } : {}),
   });
   const kinds: Array<{ isolation: 'docker' | 'sandbox'; kind: IsolationKind }> = [
     { isolation: 'docker', kind: 'docker' },
-    ...(imageSandboxSkip ? [] : [{ isolation: 'sandbox' as const, kind: 'sandbox-image' as const }]),
+    { isolation: 'sandbox', kind: 'sandbox-image' },
   ];
-  if (imageSandboxSkip) console.warn(`per-task isolation: the sandbox-image half is skipped: ${imageSandboxSkip}`);
   const tasks = () => kinds.flatMap(({ isolation }) => Object.entries(variants()).map(([v, fields]) => task(`calc-${v}-${isolation}`, { ...fields, isolation })));
 
   beforeAll(async () => {

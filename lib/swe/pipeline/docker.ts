@@ -109,6 +109,18 @@ export async function ensureDockerImage(image: string, file: boolean): Promise<{
   return { id, fetched };
 }
 
+/** Docker's id of `ref` when its engine has that image; undefined otherwise (or without Docker). */
+export async function dockerImageId(ref: string): Promise<string | undefined> {
+  if (await dockerUnavailable()) return undefined;
+  const r = await docker(['image', 'inspect', '--format', '{{.Id}}', ref]);
+  return r.code === 0 ? r.stdout.trim() : undefined;
+}
+
+/** `docker save` of `ref` into `file`: an image Docker has, for the store to import. */
+export async function dockerSave(ref: string, file: string): Promise<void> {
+  await dockerOk(`image ${ref}`, ['save', '--output', file, ref]);
+}
+
 // Containers of this process, removed on exit and on a terminating signal.
 const live = new Set<string>();
 const SIGNALS = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const;

@@ -197,7 +197,7 @@ export async function prepareTasks(tasks: readonly Task[], opts: PrepareOptions)
     const image = task.image!;
     const file = isImageFile(image);
     const id = step('image', `image ${image} (${kind === 'docker' ? 'docker' : 'store'})`, summary.images, 'fetched', async () => {
-      const got = kind === 'docker' ? await ensureDockerImage(image, file) : await ensureStoreImage(envs.store, image, file);
+      const got = kind === 'docker' ? await ensureDockerImage(image, file) : await ensureStoreImage(envs.store, image, file, signal);
       return { value: got.id, reused: !got.fetched };
     });
     id.catch(() => {}); // handled per task below
