@@ -11,7 +11,8 @@ import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { openStore, type LayerStore } from '../../lib/layers/store.js';
+import { listImages, openImageStore, removeImage } from '../../lib/images/index.js';
+import type { LayerStore } from '../../lib/layers/store.js';
 import { dockerUnavailable, liveDockerContainers } from '../../lib/swe/pipeline/docker.js';
 import { evaluate } from '../../lib/swe/pipeline/evaluate.js';
 import { prepareTasks, type PrepareResult } from '../../lib/swe/pipeline/prepare.js';
@@ -94,7 +95,9 @@ function task(id: string, fields: Partial<Task>): Task {
 beforeAll(async () => {
   if (skip) return;
   dir = tempDir('msbx-swe-isolation-');
-  store = await openStore({ root: join(dir.path, 'store') });
+  // The images room's store: an unprivileged caller's image layers carry its
+  // subordinate ids, which only the room's remover can delete.
+  store = await openImageStore({ root: join(dir.path, 'store') });
   repoPath = join(dir.path, 'context', 'repo');
   mkdirSync(join(repoPath, 'tests'), { recursive: true });
   writeFileSync(join(repoPath, 'calc.py'), CALC);
@@ -111,10 +114,14 @@ beforeAll(async () => {
   imageBuilt = true;
 }, 300_000);
 
-afterAll(() => {
+afterAll(async () => {
   if (imageBuilt) sh('docker', ['image', 'rm', '--force', TASK_IMAGE]);
+  if (store) {
+    for (const r of await listImages(store)) await removeImage(store, r.id);
+    await store.gc();
+  }
   dir?.remove();
-});
+}, 120_000);
 
 /**
  * The reference: `docker run` of the image, the patches applied by hand, the
