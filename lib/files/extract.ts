@@ -125,6 +125,115 @@ export async function extractArchive(archive: string, dest: string, opts: Extrac
   }
 }
 
+/** The `tar -x` process of an unpack: GNU tar's stdin, stderr and exit, wherever it runs. */
+export type TarSpawner = (args: string[]) => ChildProcess;
+
+export interface ImageLayerExtractOptions {
+  /** Start of every message (e.g. `image app.tar: layer sha256:ab12…`). */
+  label: string;
+  /** How `input` is compressed (the caller knows it from the media type or the magic bytes). */
+  compression: Compression;
+  /** sha256 of `input` as given (an OCI blob digest): checked when the stream ends. */
+  expectDigest?: string;
+  /** sha256 of the uncompressed tar (the config's `rootfs.diff_ids` entry): always checked. */
+  expectDiffId: string;
+  /**
+   * 'keep': owners as the archive says (`--same-owner`; root, or tar run as
+   * root in a user namespace with an id range through `spawnTar`).
+   * 'squash': every file belongs to whoever runs tar (`--no-same-owner`).
+   */
+  owners: 'keep' | 'squash';
+  /** Runs `tar` with these arguments somewhere else (a sandbox); default: a child process here. `dest` must be the same path there. */
+  spawnTar?: TarSpawner;
+  /** Input bytes read so far. */
+  onProgress?: (done: number) => void;
+  signal?: AbortSignal;
+}
+
+export interface ImageLayerExtractResult extends ExtractResult {
+  /** sha256 of the input and of the uncompressed tar, hex. */
+  digest: string;
+  diffId: string;
+  whiteouts: number;
+  opaqueDirs: number;
+}
+
+/**
+ * Unpack one container image layer (a Docker / OCI layer tar, gzip or zstd
+ * or plain) into the empty directory `dest`, streamed: nothing is held in
+ * memory or written to a temporary file. The input is hashed as it is read
+ * (its blob digest) and again after decompression (its diffID); both are
+ * compared when the stream ends and a mismatch is an error. The caller
+ * unpacks into a staging directory and publishes it only on success, so a
+ * tampered layer is never seen by anyone.
+ *
+ * Members go through TarChecker in `whiteouts: 'overlay'` mode (whiteouts
+ * rewritten for overlayfs, the archive's own xattrs dropped, the layer
+ * rules of extractArchive), then `tar -x` keeps modes exactly, mtimes,
+ * symlinks, hard links and, with `owners: 'keep'`, owners; the only xattr
+ * it writes is the opaque marker the checker made.
+ */
+export async function extractImageLayer(input: Readable, dest: string, opts: ImageLayerExtractOptions): Promise<ImageLayerExtractResult> {
+  const { label } = opts;
+  const hex = (d: string | undefined, what: string): string | undefined => {
+    if (d === undefined) return undefined;
+    const h = d.replace(/^sha256:/, '');
+    if (!/^[0-9a-f]{64}$/.test(h)) throw new FileError(`${label}: ${what} ${JSON.stringify(d)} is not a sha256 digest`);
+    return h;
+  };
+  const wantDigest = hex(opts.expectDigest, 'expected digest');
+  const wantDiffId = hex(opts.expectDiffId, 'expected diffID')!;
+  const outer = createHash('sha256');
+  const inner = createHash('sha256');
+  let bytes = 0;
+  let lastReport = 0;
+  const counter = new Transform({
+    transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback) {
+      bytes += chunk.length;
+      outer.update(chunk);
+      if (opts.onProgress && bytes - lastReport >= 1 << 20) {
+        lastReport = bytes;
+        opts.onProgress(bytes);
+      }
+      cb(null, chunk);
+    },
+  });
+  const uncompressed = new Transform({
+    transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback) {
+      inner.update(chunk);
+      cb(null, chunk);
+    },
+  });
+  const checker = new TarChecker(label, { label, whiteouts: 'overlay' });
+  await unpack({
+    input,
+    counter,
+    afterDecompress: uncompressed,
+    compression: opts.compression,
+    checker,
+    tarArgs: [
+      '-C',
+      dest,
+      '--numeric-owner',
+      opts.owners === 'keep' ? '--same-owner' : '--no-same-owner',
+      '--same-permissions',
+      '--xattrs',
+      '--xattrs-include=user.overlay.*',
+    ],
+    label,
+    ...(opts.spawnTar ? { spawnTar: opts.spawnTar } : {}),
+    ...(opts.signal ? { signal: opts.signal } : {}),
+  });
+  opts.onProgress?.(bytes);
+  const digest = outer.digest('hex');
+  const diffId = inner.digest('hex');
+  if (wantDigest !== undefined && digest !== wantDigest)
+    throw new FileError(`${label}: blob sha256 is ${digest}, not ${wantDigest} as its manifest says: the layer was altered or damaged; nothing was stored`);
+  if (diffId !== wantDiffId)
+    throw new FileError(`${label}: uncompressed sha256 (diffID) is ${diffId}, not ${wantDiffId} as the image config says: the layer was altered or damaged; nothing was stored`);
+  return { members: checker.members, archiveBytes: bytes, digest, diffId, whiteouts: checker.whiteouts, opaqueDirs: checker.opaqueDirs };
+}
+
 export interface UntrustedExtractOptions {
   /** Start of every message, naming the operation (e.g. `download /work`). */
   label: string;
@@ -265,6 +374,10 @@ interface UnpackSpec {
   input: Readable;
   /** Passes the (compressed) input through first, e.g. to count progress. */
   counter?: Transform;
+  /** Passes the uncompressed tar through before the checker (e.g. to hash it). */
+  afterDecompress?: Transform;
+  /** Where `tar -x` runs (default: a child process here). */
+  spawnTar?: TarSpawner;
   compression: Compression;
   checker: TarChecker;
   /** Arguments of `tar -x -f -` (where, and how). */
@@ -282,7 +395,7 @@ async function unpack(spec: UnpackSpec): Promise<void> {
   const children: ChildProcess[] = [];
   const stderrOf = new Map<ChildProcess, string>();
   const start = (cmd: string, args: string[]): ChildProcess => {
-    const child = spawn(cmd, args, { stdio: ['pipe', 'pipe', 'pipe'] });
+    const child = cmd === 'tar' && spec.spawnTar ? spec.spawnTar(args) : spawn(cmd, args, { stdio: ['pipe', 'pipe', 'pipe'] });
     children.push(child);
     // A killed or finished child makes late writes fail with EPIPE after the
     // pipeline has settled; the real cause is reported through exit codes and
@@ -306,14 +419,15 @@ async function unpack(spec: UnpackSpec): Promise<void> {
   const steps: Promise<unknown>[] = [exited(tar, 'tar -x')];
   const sig = spec.signal ?? new AbortController().signal;
   const head: Array<Readable | Transform> = spec.counter ? [spec.input, spec.counter] : [spec.input];
+  const after = spec.afterDecompress ? [spec.afterDecompress] : [];
   if (spec.compression === 'none') {
-    steps.push(pipeline([...head, checker, tar.stdin!], { signal: sig }));
+    steps.push(pipeline([...head, ...after, checker, tar.stdin!], { signal: sig }));
   } else {
     const name = spec.compression === 'zstd' ? 'zstd' : 'gzip';
     const dec = start(name, ['-dc', '-q']);
     steps.push(exited(dec, `${name} -dc`));
     steps.push(pipeline([...head, dec.stdin!], { signal: sig }));
-    steps.push(pipeline(dec.stdout!, checker, tar.stdin!, { signal: sig }));
+    steps.push(pipeline([dec.stdout!, ...after, checker, tar.stdin!], { signal: sig }));
   }
 
   try {

@@ -8,12 +8,16 @@ export { FileError } from './errors.js';
 export {
   extractArchive,
   extractUntrusted,
+  extractImageLayer,
   packDirectory,
   compressionOf,
   type Compression,
   type ExtractOptions,
   type ExtractResult,
   type UntrustedExtractOptions,
+  type ImageLayerExtractOptions,
+  type ImageLayerExtractResult,
+  type TarSpawner,
   type PackOptions,
 } from './extract.js';
 export { acquireLock, withLock, type FileLock, type LockOptions } from './lock.js';

@@ -57,6 +57,15 @@ export interface TarCheckOptions {
   destination?: string;
   /** 'anywhere' (default, layers) or 'inside' (every symlink resolves inside the destination). */
   symlinks?: 'anywhere' | 'inside';
+  /**
+   * 'overlay': the archive is a container image layer (OCI / Docker). Its
+   * whiteouts are rewritten into overlayfs form, the form the store keeps
+   * and a sandbox's overlay reads (see ImageLayer rules below), and every
+   * xattr, ACL or SELinux label the archive carries is dropped, so an image
+   * cannot plant overlay xattrs of its own (`trusted.overlay.redirect`,
+   * a forged `user.overlay.opaque`...). Default: whiteouts are plain files.
+   */
+  whiteouts?: 'overlay';
 }
 
 /** The kernel's limit on symlinks followed in one lookup (MAXSYMLINKS). */
@@ -95,12 +104,27 @@ export class TarChecker extends Transform {
   members = 0;
   /** Members whose setuid/setgid bits were cleared. */
   setidCleared = 0;
+  /** Whiteouts (`.wh.NAME`) and opaque markers (`.wh..wh..opq`) rewritten ('overlay' mode). */
+  whiteouts = 0;
+  opaqueDirs = 0;
+  private readonly image: boolean;
+  /**
+   * 'overlay' mode: the pending member's extended records (pax, with xattrs
+   * dropped, and GNU long names as pax path/linkpath). Held back rather than
+   * passed on as read, because the member they describe may be rewritten
+   * (a whiteout becomes another member); they are emitted as one fresh pax
+   * header in front of whatever member is emitted.
+   */
+  private heldPax = new Map<string, string>();
+  /** 'overlay' mode: each directory member's header and pax records, re-emitted when the directory is made opaque. */
+  private readonly dirHeaders = new Map<string, { block: Buffer; pax: Map<string, string> }>();
 
   constructor(archiveName: string, opts: TarCheckOptions = {}) {
     super();
     this.label = opts.label ?? `layer archive ${archiveName}`;
     this.destination = opts.destination ?? 'the layer';
     this.symlinkPolicy = opts.symlinks ?? 'anywhere';
+    this.image = opts.whiteouts === 'overlay';
   }
 
   override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
@@ -144,7 +168,7 @@ export class TarChecker extends Transform {
         if (dataPart > 0) c.parts.push(Buffer.from(chunk.subarray(pos, pos + dataPart)));
         c.need -= dataPart;
         c.pad -= n - dataPart;
-        this.push(chunk.subarray(pos, pos + n));
+        if (!this.image) this.push(chunk.subarray(pos, pos + n));
         this.offset += n;
         pos += n;
         if (c.need === 0 && c.pad === 0) {
@@ -207,7 +231,7 @@ export class TarChecker extends Transform {
 
     if (type === 'x' || type === 'g' || type === 'L' || type === 'K') {
       if (size > 1 << 20) this.fail(undefined, `${type} extended header of ${size} bytes at byte ${at} is too large`);
-      this.push(block);
+      if (!this.image) this.push(block);
       this.offset += 512;
       this.collecting = { kind: type, need: size, pad: padOf(size), parts: [] };
       if (size === 0) {
@@ -224,9 +248,18 @@ export class TarChecker extends Transform {
       this.fail(rawName, `is a type '${type}' member with a nonzero size (${size})`);
 
     // A real member: the pending extended names apply to it and are consumed.
+    const longName = this.gnuLongName;
+    const longLink = this.gnuLongLink;
     this.paxPath = this.paxLinkpath = this.paxSize = this.gnuLongName = this.gnuLongLink = undefined;
     this.members++;
     const name = this.checkPath(rawName, rawName, 'name');
+    let pax = this.heldPax;
+    if (this.image) {
+      this.heldPax = new Map();
+      if (longName !== undefined) pax.set('path', longName);
+      if (longLink !== undefined) pax.set('linkpath', longLink);
+      if (this.imageSpecial(block, rawName, name, type, size, at)) return;
+    }
 
     // Every type below is checked the same way for where it lands: not
     // through a symlink or a file, not over a symlink or a hard-linked name.
@@ -289,10 +322,16 @@ export class TarChecker extends Transform {
     this.addParents(name);
     const mode = parseNumeric(block.subarray(100, 108));
     if (mode === undefined) this.fail(rawName, `has an unreadable mode field at byte ${at}`);
+    let out = block;
     if (mode % 0o10000 & 0o6000) {
       this.setidCleared++;
-      this.push(withMode(block, mode % 0o10000 & ~0o6000));
-    } else this.push(block);
+      out = withMode(block, mode % 0o10000 & ~0o6000);
+    }
+    if (this.image) {
+      if (pax.size > 0) this.push(paxHeader('x', pax));
+      if (type === '5') this.dirHeaders.set(name, { block: Buffer.from(out), pax });
+    }
+    this.push(out);
     this.offset += 512;
     this.skip = size + padOf(size);
   }
@@ -307,6 +346,13 @@ export class TarChecker extends Transform {
         if (kind === 'g' && (key === 'path' || key === 'linkpath' || key === 'size'))
           this.fail(undefined, `global pax header sets '${key}', which is refused`);
       }
+      if (this.image) {
+        // Dropped, never passed on: the archive's own xattrs, ACLs and labels.
+        for (const key of [...recs.keys()]) if (DROPPED_PAX.some((pre) => key.startsWith(pre))) recs.delete(key);
+        if (kind === 'g') {
+          if (recs.size > 0) this.push(paxHeader('g', recs));
+        } else for (const [k, v] of recs) this.heldPax.set(k, v);
+      }
       if (kind === 'x') {
         const p = recs.get('path');
         const l = recs.get('linkpath');
@@ -319,6 +365,68 @@ export class TarChecker extends Transform {
         }
       }
     }
+  }
+
+  /**
+   * 'overlay' mode: a whiteout member is emitted in overlayfs form and true
+   * is returned; false for every other member (checked and passed on by the
+   * caller). Docker and OCI write `DIR/.wh.NAME` for "NAME is deleted" and
+   * `DIR/.wh..wh..opq` for "DIR hides what lower layers have in it"; overlayfs
+   * reads a 0/0 character device and the xattr `user.overlay.opaque=y` on
+   * the directory (`userxattr` mode, as every sandbox overlay is mounted).
+   * The opaque xattr is set by re-emitting DIR's own header (kept as it was
+   * seen, so mode, owner and mtime stay) with a pax SCHILY.xattr record,
+   * which `tar -x --xattrs --xattrs-include=user.overlay.*` applies; every
+   * xattr the archive carried was dropped, so that is the only one.
+   */
+  private imageSpecial(block: Buffer, rawName: string, name: string, type: string, size: number, at: number): boolean {
+    const parts = name.split('/');
+    const base = parts[parts.length - 1]!;
+    for (const c of parts.slice(0, -1))
+      if (c.startsWith('.wh.')) this.fail(rawName, `lies in a directory named like a whiteout (${displayName(c)})`);
+    if (!base.startsWith('.wh.')) return false;
+    if (type !== '0' && type !== '\0' && type !== '7') this.fail(rawName, `is a whiteout of type '${printable(type)}' (a whiteout is an empty regular file)`);
+    if (size !== 0) this.fail(rawName, `is a whiteout with ${size} bytes of data (a whiteout is empty)`);
+    const dir = parts.slice(0, -1).join('/');
+    this.notThroughSymlink(rawName, name);
+    if (dir !== '' && (this.files.has(dir) || this.symlinks.has(dir))) this.fail(rawName, 'is a whiteout in something that is not a directory');
+    if (base === '.wh..wh..opq') {
+      const seen = this.dirHeaders.get(dir);
+      let header: Buffer;
+      let pax: Map<string, string>;
+      if (seen) {
+        header = seen.block;
+        pax = new Map(seen.pax);
+      } else {
+        // The directory has no member of its own in this layer (allowed,
+        // if unusual): it gets the opaque marker's owner and mtime, mode 0755.
+        header = withFields(block, { type: '5', mode: 0o755, name: dir === '' ? './' : `${dir}/` });
+        pax = new Map();
+      }
+      pax.set('path', dir === '' ? './' : `${dir}/`);
+      pax.set('SCHILY.xattr.user.overlay.opaque', 'y');
+      this.push(paxHeader('x', pax));
+      this.push(header);
+      this.dirs.add(dir);
+      this.addParents(dir);
+      this.opaqueDirs++;
+    } else {
+      if (base.startsWith('.wh..wh.')) this.fail(rawName, `is an aufs metadata entry (${displayName(base)}), which is not supported`);
+      const target = base.slice(4);
+      if (target === '' || target === '.' || target === '..') this.fail(rawName, `is a whiteout of ${JSON.stringify(target)}, which names nothing`);
+      const victim = dir === '' ? target : `${dir}/${target}`;
+      if (this.linked.has(victim)) this.fail(rawName, 'replaces a hard link or the target of one (it would be written through the shared inode)');
+      if (this.symlinks.has(victim) || this.files.has(victim) || this.dirs.has(victim))
+        this.fail(rawName, `deletes ${displayName(victim)}, which this same layer adds`);
+      this.push(paxHeader('x', new Map([['path', victim]])));
+      this.push(withFields(block, { type: '3', mode: 0, size: 0, uid: 0, gid: 0, name: victim, dev: 0 }));
+      this.files.add(victim);
+      this.addParents(victim);
+      this.whiteouts++;
+    }
+    this.offset += 512;
+    this.skip = 0;
+    return true;
   }
 
   /** Normalise a member path to 'a/b/c' ('' for the root), refusing escapes. */
@@ -425,6 +533,63 @@ function withMode(block: Buffer, mode: number): Buffer {
   for (let i = 0; i < 512; i++) sum += out[i]!;
   out.write(`${sum.toString(8).padStart(6, '0')}\0 `, 148, 8, 'latin1');
   return out;
+}
+
+/** pax records of an image's own that never reach tar ('overlay' mode): xattrs, ACLs, SELinux labels. */
+const DROPPED_PAX = ['SCHILY.xattr.', 'LIBARCHIVE.xattr.', 'SCHILY.acl.', 'RHT.security.selinux', 'SCHILY.fflags'];
+
+/** A header block with fields replaced and the checksum recomputed; a name longer than the field is cut (a pax path comes with it). */
+function withFields(block: Buffer, f: { type?: string; mode?: number; size?: number; uid?: number; gid?: number; name?: string; dev?: number }): Buffer {
+  const out = Buffer.from(block);
+  const octal = (value: number, at: number, len: number) => out.write(`${value.toString(8).padStart(len - 1, '0')}\0`, at, len, 'latin1');
+  if (f.type !== undefined) out.write(f.type, 156, 1, 'latin1');
+  if (f.mode !== undefined) octal(f.mode, 100, 8);
+  if (f.uid !== undefined) octal(f.uid, 108, 8);
+  if (f.gid !== undefined) octal(f.gid, 116, 8);
+  if (f.size !== undefined) octal(f.size, 124, 12);
+  if (f.name !== undefined) {
+    out.fill(0, 0, 100);
+    out.write(f.name, 0, Math.min(100, Buffer.byteLength(f.name, 'latin1')), 'latin1');
+    out.fill(0, 345, 500); // ustar prefix: the name is whole in the pax path
+    out.fill(0, 157, 257); // no link name
+  }
+  if (f.dev !== undefined) {
+    out.write('ustar\0' + '00', 257, 8, 'latin1');
+    octal(f.dev, 329, 8);
+    octal(f.dev, 337, 8);
+  }
+  return withChecksum(out);
+}
+
+function withChecksum(out: Buffer): Buffer {
+  out.fill(0x20, 148, 156);
+  let sum = 0;
+  for (let i = 0; i < 512; i++) sum += out[i]!;
+  out.write(`${sum.toString(8).padStart(6, '0')}\0 `, 148, 8, 'latin1');
+  return out;
+}
+
+/** A pax extended header ('x' or 'g') holding `records` (latin1 byte strings), data and padding included. */
+function paxHeader(kind: 'x' | 'g', records: Map<string, string>): Buffer {
+  const recs: Buffer[] = [];
+  for (const [k, v] of records) {
+    const body = Buffer.from(` ${k}=${v}\n`, 'latin1');
+    // The length prefix counts itself.
+    let len = body.length + 1;
+    while (String(len).length + body.length !== len) len = String(len).length + body.length;
+    recs.push(Buffer.concat([Buffer.from(String(len), 'latin1'), body]));
+  }
+  const data = Buffer.concat(recs);
+  const h = Buffer.alloc(512);
+  h.write('././@PaxHeader', 0, 'latin1');
+  h.write('0000644\0', 100, 'latin1');
+  h.write('0000000\0', 108, 'latin1');
+  h.write('0000000\0', 116, 'latin1');
+  h.write(`${data.length.toString(8).padStart(11, '0')}\0`, 124, 'latin1');
+  h.write('00000000000\0', 136, 'latin1');
+  h.write(kind, 156, 'latin1');
+  h.write('ustar\0' + '00', 257, 'latin1');
+  return Buffer.concat([withChecksum(h), data, Buffer.alloc(padOf(data.length))]);
 }
 
 function padOf(size: number): number {

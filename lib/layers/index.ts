@@ -13,6 +13,7 @@ export {
   type LayerManifest,
   type StoreOptions,
   type AddOptions,
+  type ImageLayerSource,
   type DiskUsage,
   type GcOptions,
   type GcResult,

@@ -3,7 +3,8 @@ import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { adopt, codeOf } from '../errors.js';
-import { extractArchive, type Compression } from '../files/extract.js';
+import type { Readable } from 'node:stream';
+import { extractArchive, extractImageLayer, type Compression, type TarSpawner } from '../files/extract.js';
 import { makeReadOnly, removeTree, walkTree } from '../files/fsTree.js';
 import { hashFile, sha256Hex } from '../files/hash.js';
 import { acquireLock, tryLock, type FileLock } from '../files/lock.js';
@@ -54,7 +55,15 @@ export interface LayerManifest {
   entryCount: number;
   /** Source name (archive or directory path, or the caller's name). */
   source: string;
-  sourceKind: 'archive' | 'directory';
+  /** 'image-layer': a container image's layer, keyed by its diffID (see addImageLayer). */
+  sourceKind: 'archive' | 'directory' | 'image-layer';
+  /**
+   * Image layers: whose ids the files carry. 'kept': the image's own (a root
+   * caller); 'range': the image's shifted into the caller's subordinate
+   * range, as its `ids: 'range'` sandboxes see them; 'squashed': all the
+   * caller's (no range to keep them in).
+   */
+  owners?: 'kept' | 'range' | 'squashed';
   /** Absolute path the tree was built at (venv prefix), if given. */
   prefix?: string;
   /** Files embedding `prefix`, for relocateTree(). */
@@ -84,6 +93,33 @@ export interface StoreOptions {
   dedup?: boolean | DedupOptions;
   /** Max wait for another process building the same layer (default: forever). */
   lockTimeoutMs?: number;
+  /**
+   * Deletes a tree the caller cannot delete itself: an image layer whose
+   * files belong to the caller's subordinate ids (owners 'range'), whose
+   * directories the caller may not even open. Called with a path under the
+   * store (a trash or staging directory) when the store's own removal fails
+   * with EACCES or EPERM. The images room provides one that runs `rm -rf`
+   * in an `ids: 'range'` sandbox.
+   */
+  removeForeign?: (dir: string) => Promise<void>;
+}
+
+/** A container image layer for addImageLayer. */
+export interface ImageLayerSource {
+  /** sha256 of the uncompressed layer tar (the config's rootfs.diff_ids entry): the layer's name in the store. */
+  diffId: string;
+  /** sha256 of the bytes `open` gives, when known (an OCI blob digest): checked too. */
+  blobDigest?: string;
+  /** How many bytes `open` gives (budget and progress). */
+  bytes: number;
+  compression: Compression;
+  /** Opens the layer's bytes; called at most once, only when the layer must be built. */
+  open: () => Promise<Readable>;
+  /** Source name recorded in the manifest. */
+  source: string;
+  /** 'kept' / 'range': tar restores the archive's owners (`spawnTar` runs it where that is allowed); 'squashed': it does not. */
+  owners: 'kept' | 'range' | 'squashed';
+  spawnTar?: TarSpawner;
 }
 
 export interface AddOptions {
@@ -168,7 +204,7 @@ export async function openStore(opts: StoreOptions = {}): Promise<LayerStore> {
   if (opts.budget instanceof IoBudget) budget = opts.budget;
   else if (opts.budget !== false) budget = new IoBudget({ ...(opts.budget ?? {}), dir: path.join(root, 'budget') });
   const dedup = opts.dedup === false ? undefined : opts.dedup === true || opts.dedup === undefined ? {} : opts.dedup;
-  return new LayerStore(root, budget, dedup, opts.lockTimeoutMs);
+  return new LayerStore(root, budget, dedup, opts.lockTimeoutMs, opts.removeForeign);
 }
 
 type Builder = (tree: string, ticketProgress: (done: number) => void) => Promise<void>;
@@ -177,8 +213,9 @@ type Builder = (tree: string, ticketProgress: (done: number) => void) => Promise
 interface LayerSource {
   digest: string;
   bytes: number;
-  kind: 'archive' | 'directory';
+  kind: 'archive' | 'directory' | 'image-layer';
   source: string;
+  owners?: 'kept' | 'range' | 'squashed';
 }
 
 export class LayerStore {
@@ -188,7 +225,19 @@ export class LayerStore {
     readonly budget: IoBudget | undefined,
     private readonly dedupOpts: DedupOptions | undefined,
     private readonly lockTimeoutMs: number | undefined,
+    private readonly removeForeign?: (dir: string) => Promise<void>,
   ) {}
+
+  /** Delete a tree under the store, through removeForeign when the caller's own rights do not reach. */
+  private async removeTree(dir: string): Promise<void> {
+    try {
+      await removeTree(dir);
+    } catch (err) {
+      const code = codeOf(err);
+      if (!this.removeForeign || (code !== 'EACCES' && code !== 'EPERM')) throw err;
+      await this.removeForeign(dir);
+    }
+  }
 
   private layerDir(d: string): string {
     return path.join(this.root, 'layers', d);
@@ -236,6 +285,32 @@ export class LayerStore {
       // not ownership, for the same reason as tar's --no-same-owner.
       await run('cp', ['-a', '--no-preserve=ownership', `${abs}/.`, tree], { what: `layer directory ${abs}: copy` });
       progress(bytes);
+    });
+  }
+
+  /**
+   * Add a container image layer, keyed by its diffID, so a `docker save`
+   * archive, an OCI layout and a registry pull of the same image share it.
+   * The bytes are streamed through extractImageLayer (whiteouts in overlayfs
+   * form, the archive's xattrs dropped, blob digest and diffID checked before
+   * the layer is published; a mismatch leaves nothing). Unlike other layers,
+   * an image layer keeps its modes exactly (what `ls -l` shows in Docker, it
+   * shows in a sandbox; set-id bits excepted) and is not deduplicated: its
+   * files may belong to several owners, which a shared inode could not have.
+   */
+  async addImageLayer(src: ImageLayerSource, opts: AddOptions = {}): Promise<Layer> {
+    const digest = normalizeDigest(src.diffId);
+    return this.build({ digest, bytes: src.bytes, kind: 'image-layer', source: src.source, owners: src.owners }, opts, async (tree, progress) => {
+      await extractImageLayer(await src.open(), tree, {
+        label: `layer sha256:${digest} (${src.source})`,
+        compression: src.compression,
+        expectDiffId: digest,
+        ...(src.blobDigest ? { expectDigest: src.blobDigest } : {}),
+        owners: src.owners === 'squashed' ? 'squash' : 'keep',
+        ...(src.spawnTar ? { spawnTar: src.spawnTar } : {}),
+        ...(opts.signal ? { signal: opts.signal } : {}),
+        onProgress: (done) => progress(done),
+      });
     });
   }
 
@@ -287,10 +362,10 @@ export class LayerStore {
           if (code !== 'ENOTEMPTY' && code !== 'EEXIST') throw err;
           // Built meanwhile without our lock (e.g. by another store root
           // sharing the layers dir): keep theirs, drop ours.
-          await removeTree(staging);
+          await this.removeTree(staging);
         }
       } catch (err) {
-        await removeTree(staging).catch(() => undefined);
+        await this.removeTree(staging).catch(() => undefined);
         throw err;
       } finally {
         await ticket?.release();
@@ -361,6 +436,26 @@ export class LayerStore {
 
   /** Scan, set final modes, dedup, count, list: everything before publishing. */
   private async finishTree(tree: string, src: LayerSource, opts: AddOptions): Promise<{ manifest: LayerManifest; listing: string }> {
+    if (src.kind === 'image-layer') {
+      // Modes as the image has them and no dedup (see addImageLayer); the
+      // tree is only ever mounted read-only, as a lower dir.
+      const listing = await treeListing(tree);
+      return {
+        manifest: {
+          version: 1,
+          digest: src.digest,
+          size: listing.bytes,
+          fileCount: listing.files,
+          entryCount: listing.entries.length - 1,
+          source: src.source,
+          sourceKind: src.kind,
+          ...(src.owners ? { owners: src.owners } : {}),
+          created: new Date().toISOString(),
+          treeDigest: sha256Hex(listing.text),
+        },
+        listing: listing.text,
+      };
+    }
     // Scan before anything else touches the tree.
     const prefixFiles = opts.prefix ? await scanForPrefix(tree, opts.prefix) : undefined;
     // Files first: dedup keys on the final mode. Directories stay writable
@@ -391,7 +486,7 @@ export class LayerStore {
   /** Under the layer's lock, any staging dir for it belongs to a crashed builder. */
   private async removeStaleStaging(digest: string): Promise<void> {
     const dir = path.join(this.root, 'staging');
-    for (const name of await fsp.readdir(dir)) if (name.startsWith(`${digest}.`)) await removeTree(path.join(dir, name));
+    for (const name of await fsp.readdir(dir)) if (name.startsWith(`${digest}.`)) await this.removeTree(path.join(dir, name));
   }
 
   async get(digest: string): Promise<Layer | undefined> {
@@ -452,7 +547,7 @@ export class LayerStore {
       if (codeOf(err) === 'ENOENT') return false;
       throw new LayerError(`remove layer ${d}: ${(err as Error).message}`, { cause: err });
     }
-    await removeTree(trash);
+    await this.removeTree(trash);
     return true;
   }
 
@@ -493,7 +588,7 @@ export class LayerStore {
     for (const name of await fsp.readdir(staging)) {
       const m = /\.(\d+)-(\d+)\.[0-9a-f]+$/.exec(name);
       if (m && processIsAlive(Number(m[1]), m[2]!)) continue;
-      await removeTree(path.join(staging, name));
+      await this.removeTree(path.join(staging, name));
       result.removedStaging++;
     }
     result.removedObjects = (await gcObjects(path.join(this.root, 'objects'))).removed;

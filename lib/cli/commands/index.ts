@@ -28,6 +28,7 @@ export const COMMANDS: readonly CommandEntry[] = [
   { name: 'serve', summary: "Serve sandboxes over SWE-ReX's HTTP protocol", load: () => import('./serve.js') },
   { name: 'env', summary: 'Build Python environments as shared layers', subcommands: ['build', 'ls'], load: () => import('./env.js') },
   { name: 'store', summary: 'The layer store: layers, sizes, users, integrity', subcommands: ['ls', 'du', 'gc', 'verify'], load: () => import('./store.js') },
+  { name: 'image', summary: 'Container images, daemonless: import, pull, list, remove, inspect, run', subcommands: ['import', 'pull', 'ls', 'rm', 'inspect', 'run'], load: () => import('./image.js') },
   { name: 'run', summary: 'Run a command in a new sandbox (bubblewrap-like options)', failureExit: 125, load: () => import('./run.js') },
   { name: 'doctor', summary: 'Check which kernel features work on this machine, and why not', load: () => import('./doctor.js') },
   { name: 'gc', summary: 'Remove what sandboxes of dead processes left behind', load: () => import('./gc.js') },

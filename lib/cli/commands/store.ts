@@ -2,7 +2,8 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { envsDir } from '../../env/index.js';
-import { describeProblem, openStore, type LayerCheck, type LayerStore } from '../../layers/index.js';
+import { openImageStore } from '../../images/index.js';
+import { describeProblem, type LayerCheck, type LayerStore } from '../../layers/index.js';
 import { fileSha256 } from '../../files/hash.js';
 import { formatBytes } from '../../format.js';
 import { UsageError, type Args, type Command, type CommandSpec, type ValueCheck } from '../args.js';
@@ -69,7 +70,8 @@ function layerReport(c: LayerCheck): string {
 const options = { '--store': STORE_OPTION, '--json': JSON_OPTION };
 const spec = (name: string, about: string, exitCodes = 'Exit code: 0, or 1 if the store cannot be read.'): CommandSpec => ({ name: `store ${name}`, about, options, exitCodes });
 const print = (args: Args, v: unknown, text: string) => process.stdout.write(args.has('--json') ? `${JSON.stringify(v, null, 2)}\n` : text);
-const open = (args: Args) => openStore({ root: args.get('--store')! });
+// The images room's opener: its remover can delete image layers of an id range (see lib/images/owners.ts).
+const open = (args: Args) => openImageStore({ root: args.get('--store')! });
 
 const ls: Command = {
   spec: spec('ls', `Lists every layer: digest, files, size, source, and who uses it: the
