@@ -14,13 +14,17 @@
  * disk  bytes used by N sandboxes on M envs (overlay) against the M env
  *       archives, and against the same N sandboxes with per-instance
  *       extraction (the baseline).
+ * dedup two envs built a second apart with the same packages, each with
+ *       the repository at another commit: bytes of identical content in the
+ *       two, and the store's disk use for both, with the builds' own times
+ *       and with fixed times (lib/layers/times.ts).
  *
  * The big venv is made by copying top-level packages of the base Python's
  * site-packages (numpy, botocore, ...) into the venv: no network needed.
  * Progress goes to stderr, results to stdout.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readdirSync, writeFileSync } from 'node:fs';
+import { lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -100,6 +104,29 @@ function sitePackageDirs(python: BasePython): { dir: string; bytes: number }[] {
     }
   }
   return out.sort((a, b) => b.bytes - a.bytes);
+}
+
+/** Bytes of the regular files that are at the same path with the same content in both trees. */
+function identicalBytes(a: string, b: string): number {
+  let total = 0;
+  const visit = (rel: string) => {
+    for (const name of readdirSync(path.join(a, rel))) {
+      const r = path.join(rel, name);
+      const st = lstatSync(path.join(a, r));
+      if (st.isDirectory()) visit(r);
+      else if (st.isFile() && st.size > 0) {
+        let other;
+        try {
+          other = lstatSync(path.join(b, r));
+        } catch {
+          continue;
+        }
+        if (other.isFile() && other.size === st.size && readFileSync(path.join(a, r)).equals(readFileSync(path.join(b, r)))) total += st.size;
+      }
+    }
+  };
+  visit('');
+  return total;
 }
 
 /** A step copying these site-packages entries into the venv. */
@@ -257,6 +284,33 @@ async function main(): Promise<void> {
     const storeDu = await store.du();
     results.disk = { envs: o.envs, sandboxes: o.sandboxes, archiveBytes, layerBytes: duBytes(layerDirs), overlay, extracted, storeDiskBytes: storeDu.diskBytes, storeSavedByDedup: storeDu.savedBytes };
 
+    // ---- dedup across builds
+    const sameDirs = pick(dirs, o.diskEnvMb * MB, 5);
+    const dedupRuns: Record<string, { contentBytes: number; identicalBytes: number; storeDiskBytes: number; venvIdentical: number; repoIdentical: number; sameVenvLayer: boolean }> = {};
+    for (const normalizeTimes of [false, true]) {
+      const mode = normalizeTimes ? 'fixed times' : 'build times';
+      const dstore = await openStore({ root: path.join(work, `dedup-${normalizeTimes}`) });
+      const repo = path.join(work, `dedup-repo-${normalizeTimes}`);
+      const first = makeRepo(repo, 300, 'one');
+      writeFileSync(path.join(repo, 'src', 'proj', 'mod_0.py'), '# changed at the second commit\n');
+      execFileSync('git', ['-c', 'user.name=b', '-c', 'user.email=b@b', 'commit', '-qam', 'two'], { cwd: repo });
+      const second = execFileSync('git', ['rev-parse', 'HEAD'], { cwd: repo, encoding: 'utf8' }).trim();
+      const build = (commit: string, tag: string) =>
+        buildEnv({ name: `dedup ${tag}`, python: python.path, repo: { source: repo, commit }, steps: [copyStep(sameDirs), { run: `echo ${tag}` }] }, { store: dstore, keepArchives: false, normalizeTimes });
+      const a = await build(first, 'a');
+      await new Promise((r) => setTimeout(r, 1100)); // another second: another mtime for what the build writes
+      const b = await build(second, 'b');
+      const venvIdentical = identicalBytes(a.venv.path, b.venv.path);
+      const repoIdentical = identicalBytes(a.repo!.path, b.repo!.path);
+      const du = await dstore.du();
+      const contentBytes = [a.venv, a.repo!, b.venv, b.repo!].reduce((n, l) => n + l.manifest.size, 0);
+      // Identical trees (times included) are one layer: the second env then stores no venv at all.
+      const sameVenvLayer = a.venv.digest === b.venv.digest;
+      dedupRuns[mode] = { contentBytes, identicalBytes: venvIdentical + repoIdentical, storeDiskBytes: du.diskBytes, venvIdentical, repoIdentical, sameVenvLayer };
+      log(`dedup (${mode}): ${formatBytes(venvIdentical + repoIdentical)} identical of ${formatBytes(contentBytes)}, store on disk ${formatBytes(du.diskBytes)}`);
+    }
+    results.dedup = dedupRuns;
+
     if (o.json) {
       process.stdout.write(`${JSON.stringify(results, null, 2)}\n`);
       return;
@@ -282,6 +336,10 @@ async function main(): Promise<void> {
       `disk: ${o.sandboxes} overlay sandboxes: private ${formatBytes(overlay.sandboxBytes)}, with layers + archives ${formatBytes(overlay.totalBytes)} = ${ratio(overlay.totalBytes, archiveBytes)} the archives`,
       `disk: ${o.sandboxes} extract sandboxes: private ${formatBytes(extracted.sandboxBytes)}, with archives ${formatBytes(extracted.totalBytes)} = ${ratio(extracted.totalBytes, archiveBytes)} the archives`,
       `disk: extract / overlay: ${ratio(extracted.totalBytes, overlay.totalBytes)} (sandbox-private bytes: ${ratio(extracted.sandboxBytes, Math.max(1, overlay.sandboxBytes))})`,
+      ...Object.entries(dedupRuns).map(
+        ([mode, d]) =>
+          `dedup, two builds (${mode}): ${formatBytes(d.contentBytes)} of files, ${formatBytes(d.identicalBytes)} identical (venvs ${formatBytes(d.venvIdentical)}, repos at two commits ${formatBytes(d.repoIdentical)}); store on disk ${formatBytes(d.storeDiskBytes)} = ${ratio(d.storeDiskBytes, d.contentBytes)} the files${d.sameVenvLayer ? '; the two venvs are one layer' : ''}`,
+      ),
     ];
     process.stdout.write(`${lines.join('\n')}\n`);
   } finally {

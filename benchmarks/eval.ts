@@ -97,19 +97,19 @@ function docker(h: DockerHandle, args: string[], input?: string, allowFail = fal
 
 /** One image per task: host files + the task's venv and repo layers at their sandbox paths. */
 async function buildTaskImage(h: DockerHandle, task: Task, p: PreparedTask, storeRoot: string): Promise<string> {
-  const image = `minisandbox-bench-swe:${task.instance_id.toLowerCase().replace(/[^a-z0-9_.-]/g, '-')}-${p.env.repoDigest!.slice(0, 12)}`;
+  const image = `minisandbox-bench-swe:${task.instance_id.toLowerCase().replace(/[^a-z0-9_.-]/g, '-')}-${p.env!.repoDigest!.slice(0, 12)}`;
   const inspect = dockerCommand(h, ['image', 'inspect', image]);
   if ((await exec(inspect[0], inspect[1], { timeoutMs: 30_000 })).code === 0) return image;
   const store = await openStore({ root: storeRoot });
-  const venv = await store.get(p.env.venvDigest!);
-  const repo = await store.get(p.env.repoDigest!);
+  const venv = await store.get(p.env!.venvDigest!);
+  const repo = await store.get(p.env!.repoDigest!);
   if (!venv || !repo) throw new Error(`${task.instance_id}: layers not in the store`);
   // docker cp needs existing parent dirs: stage both trees at their final
   // paths and copy the staging root over / in one go.
   const staging = mkdtempSync(join(tmpdir(), 'minisandbox-eval-image-'));
   const id = (await docker(h, ['create', BASE_IMAGE, '/bin/true'])).stdout.trim();
   try {
-    for (const [layer, target] of [[venv, p.env.venvPath], [repo, TESTBED]] as const) {
+    for (const [layer, target] of [[venv, p.env!.venvPath], [repo, TESTBED]] as const) {
       await mkdir(join(staging, target), { recursive: true });
       await execOk('cp', ['-a', `${layer.path}/.`, join(staging, target)]);
     }
@@ -124,8 +124,8 @@ async function buildTaskImage(h: DockerHandle, task: Task, p: PreparedTask, stor
 
 async function dockerEvaluate(h: DockerHandle, task: Task, p: PreparedTask, image: string): Promise<Sample> {
   const t0 = performance.now();
-  const py = p.env.python.prefix;
-  const env = ['-e', `PATH=${p.env.venvPath}/bin:${policy.DEFAULT_PATH}`, '-e', `VIRTUAL_ENV=${p.env.venvPath}`, '-e', 'HOME=/root', '-e', 'LANG=C.UTF-8'];
+  const py = p.env!.python.prefix;
+  const env = ['-e', `PATH=${p.env!.venvPath}/bin:${policy.DEFAULT_PATH}`, '-e', `VIRTUAL_ENV=${p.env!.venvPath}`, '-e', 'HOME=/root', '-e', 'LANG=C.UTF-8'];
   const bind = py.startsWith('/usr/') ? [] : ['-v', `${py}:${py}:ro`];
   const id = (await docker(h, ['run', '-d', '--network', 'none', '--tmpfs', '/tmp', ...bind, ...env, '-w', TESTBED, image, 'sleep', 'infinity'])).stdout.trim();
   let testCommandMs = 0;

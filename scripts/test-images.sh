@@ -86,23 +86,27 @@ ROOTFS=$DIR/rootfs-$SUITE-minbase.tar
 rootfs_args="$SUITE minbase $INCLUDE"
 if [ ! -s "$ROOTFS" ] || [ "$(state_get rootfs.args)" != "$rootfs_args" ]; then
   work=$(mktemp -d "$CACHE/debootstrap.XXXXXX")
-  # debootstrap mounts /proc and /sys inside; never leave them behind.
-  trap 'for m in $(findmnt -rno TARGET | grep "^$work/" | sort -r); do umount -l "$m"; done; rm -rf "$work"' EXIT
+  # debootstrap mounts /proc and /sys (and may bind host devices) inside and
+  # unmounts them when it exits; if any is left, it must be unmounted before
+  # anything is packed or removed, or rm would reach the host's files.
+  unmount_work() { findmnt -rno TARGET | { grep "^$work/" || true; } | sort -r | while read -r m; do umount -l "$m"; done; }
+  trap 'unmount_work; rm -rf --one-file-system "$work"' EXIT
   say "debootstrap --variant=minbase --include=$INCLUDE $SUITE from $MIRROR (a few minutes) ..."
   if ! debootstrap --variant=minbase --include="$INCLUDE" "$SUITE" "$work/root" "$MIRROR" >"$work/out.log" 2>&1; then
     tail -n 20 "$work/out.log" >&2
     [ -f "$work/root/debootstrap/debootstrap.log" ] && tail -n 20 "$work/root/debootstrap/debootstrap.log" >&2
     die "debootstrap of $SUITE from $MIRROR failed (output above)"
   fi
+  unmount_work
   # Like Debian's own images: an empty /dev (device nodes in a layer are
   # refused by importers, MiniSandbox's included), no package caches.
   find "$work/root/dev" -mindepth 1 -delete
   rm -rf "$work/root/var/cache/apt/archives/"*.deb "$work/root/var/lib/apt/lists/"* "$work/root/debootstrap"
-  tar -C "$work/root" --numeric-owner -cf "$ROOTFS.tmp" .
+  tar -C "$work/root" --one-file-system --numeric-owner -cf "$ROOTFS.tmp" .
   mv "$ROOTFS.tmp" "$ROOTFS"
   sha <"$ROOTFS" >"$STATE/rootfs.sha256"
   state_put rootfs.args "$rootfs_args"
-  rm -rf "$work"
+  rm -rf --one-file-system "$work"
   trap - EXIT
   say "rootfs tarball: $ROOTFS ($(du -h "$ROOTFS" | cut -f1))"
 fi

@@ -12,8 +12,16 @@ import { formatBytes, formatMs, formatTable } from '../format.js';
 import { createProgress } from '../swe/pipeline/progress.js';
 import { evaluateAll, type EvalRunReport } from '../swe/pipeline/runReport.js';
 import type { EvalResult } from '../swe/pipeline/evaluate.js';
-import { loadPredictions, loadTasks, type Prediction, type Task } from '../swe/tasks.js';
-import { CommandError } from './args.js';
+import { loadPredictions, loadTasks, type Prediction, type Task, type TaskIsolation } from '../swe/tasks.js';
+import { CommandError, oneOf, type OptionSpec } from './args.js';
+
+/** `--isolation sandbox|docker` of prepare and eval: a whole task set's isolation. */
+export const ISOLATION_OPTION: OptionSpec = {
+  values: ['sandbox|docker'],
+  check: oneOf('sandbox', 'docker'),
+  help: `Run every task in a sandbox (of its image, else of its venv) or in
+Docker (every task must name an image), over each task's own "isolation"`,
+};
 
 export const out = (text: string) => process.stdout.write(text.endsWith('\n') ? text : `${text}\n`);
 export const err = (text: string) => process.stderr.write(text.endsWith('\n') ? text : `${text}\n`);
@@ -78,16 +86,19 @@ export function printPrepareSummary(s: PrepareSummary, rejected: number, storeDi
     `prepared ${s.prepared}/${s.tasks + rejected} tasks in ${formatMs(s.durationMs)}: ` +
       `venvs ${s.envs.built} built, ${s.envs.reused} reused, ${s.envs.failed} failed; ` +
       `repos ${s.repos.built} built, ${s.repos.reused} reused, ${s.repos.failed} failed; ` +
+      (s.images.fetched + s.images.reused + s.images.failed > 0
+        ? `images ${s.images.fetched} imported or pulled, ${s.images.reused} already there, ${s.images.failed} failed; `
+        : '') +
       `${rejected} task(s) rejected, ${s.failed} failed` +
       (s.diskBytes !== undefined ? `; store ${storeDir} uses ${formatBytes(s.diskBytes)}` : ''),
   );
 }
 
 /** Prepares with a progress bar; prints failures one by one and the summary. */
-export async function prepareWithProgress(tasks: Task[], storeDir: string, jobs: number, rejected: number): Promise<PrepareResult> {
+export async function prepareWithProgress(tasks: Task[], storeDir: string, jobs: number, rejected: number, isolation?: TaskIsolation): Promise<PrepareResult> {
   const store = await openStore({ root: storeDir });
   const progress = prepareProgress();
-  const result = await prepareTasks(tasks, { store, concurrency: jobs, onProgress: progress.onProgress });
+  const result = await prepareTasks(tasks, { store, concurrency: jobs, onProgress: progress.onProgress, ...(isolation ? { isolation } : {}) });
   progress.end();
   for (const f of result.failures) err(`not prepared: ${f.message}`);
   printPrepareSummary(result.summary, rejected, storeDir);
@@ -102,6 +113,8 @@ export interface RunOptions {
   timeoutMs: number;
   reportFile?: string;
   logsDir?: string;
+  /** Every task's isolation, over what each task says. */
+  isolation?: TaskIsolation;
   /** Tasks of the file that could not be read (for the summary). */
   rejected?: number;
 }
@@ -118,11 +131,12 @@ function writeLogs(dir: string, results: EvalResult[], predictions: Prediction[]
 }
 
 function printReport(report: EvalRunReport, results: EvalResult[]): void {
-  const rows = [['instance', 'resolved', 'F2P', 'P2P', 'setup', 'tests', 'teardown', 'note']];
+  const rows = [['instance', 'isolation', 'resolved', 'F2P', 'P2P', 'setup', 'tests', 'teardown', 'note']];
   for (const r of results) {
     const pct = (f: number) => `${Math.round(f * 100)}%`;
     rows.push([
       r.instance_id,
+      r.isolation ?? '',
       r.reward.resolved ? 'yes' : 'no',
       pct(r.reward.failToPassFraction),
       pct(r.reward.passToPassFraction),
@@ -151,7 +165,7 @@ function printReport(report: EvalRunReport, results: EvalResult[]): void {
 export async function runEvaluation(o: RunOptions): Promise<{ report: EvalRunReport; results: EvalResult[] }> {
   const wanted = new Set(o.predictions.map((p) => p.instance_id));
   // Only tasks with a prediction need an environment.
-  const prep = await prepareWithProgress(o.tasks.filter((t) => wanted.has(t.instance_id)), o.storeDir, o.jobs, o.rejected ?? 0);
+  const prep = await prepareWithProgress(o.tasks.filter((t) => wanted.has(t.instance_id)), o.storeDir, o.jobs, o.rejected ?? 0, o.isolation);
   const progress = createProgress();
   const { results, report } = await evaluateAll(o.tasks, o.predictions, {
     prepared: prep.prepared,

@@ -14,7 +14,7 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { removeTree } from '../files/fsTree.js';
 import { sha256Hex } from '../files/hash.js';
-import { scanForPrefix, type Layer, type LayerStore, type PinOptions, type PinRequest } from '../layers/index.js';
+import { normalizeTimes, scanForPrefix, type Layer, type LayerStore, type PinOptions, type PinRequest } from '../layers/index.js';
 import { pinRequest } from '../layers/pins.js';
 import { Sandbox, type BindMount } from '../sandbox/index.js';
 import { shQuote } from '../shell/text.js';
@@ -50,6 +50,12 @@ export interface BuildEnvOptions {
    * env takes the recipe's place in the index.
    */
   rebuild?: boolean;
+  /**
+   * Set every time in the venv to LAYER_EPOCH before it is stored (default
+   * true), .pyc files kept valid: identical files of two builds are then
+   * stored once (lib/layers/times.ts). false keeps the build's own times.
+   */
+  normalizeTimes?: boolean;
   signal?: AbortSignal;
 }
 
@@ -104,7 +110,7 @@ function tail(text: string, lines = 25): string {
 export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promise<Env> {
   const r = checkRecipe(recipe);
   const python = resolvePython(r.python);
-  const key = await recipeKey(r, python, { keepRepo: opts.keepRepo !== false });
+  const key = await recipeKey(r, python, { keepRepo: opts.keepRepo !== false, normalizeTimes: opts.normalizeTimes !== false });
   if (key === undefined) return build(r, python, opts);
   if (!opts.rebuild) {
     const found = await findIndexedEnv(opts.store, key);
@@ -178,6 +184,7 @@ async function build(r: CheckedRecipe, python: BasePython, opts: BuildEnvOptions
       await sandbox.close();
     }
 
+    if (opts.normalizeTimes !== false) await normalizeTimes(venvDir);
     // Editable installs write repoPath into the venv; recorded so a moved repo can be followed.
     const repoPrefixFiles = r.repoPath ? await scanForPrefix(venvDir, r.repoPath) : [];
     const keep = opts.keepArchives ?? true;

@@ -1,6 +1,7 @@
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { run } from '../files/proc.js';
+import { LAYER_EPOCH } from '../layers/index.js';
 import { EnvError } from './errors.js';
 
 export interface PackRepoOptions {
@@ -30,9 +31,11 @@ const git = (args: string[], cwd: string | undefined, what: string) =>
  *   alternates, everything is repacked into the clone and
  *   `objects/info/alternates` is deleted, so no absolute path outside the layer
  *   stays in `.git`.
- * - Work-tree mtimes are set to the commit time, then the index is refreshed.
- *   Every index entry is then older than the index file itself, so no entry is
- *   "racily clean". The tree is also reproducible.
+ * - Work-tree mtimes are set to one fixed time (LAYER_EPOCH), then the index
+ *   is refreshed. Every index entry is then older than the index file
+ *   itself, so no entry is "racily clean". The tree is also reproducible,
+ *   and a file that two commits share is one file in the store (dedup
+ *   merges files whose mtimes are equal: lib/layers/times.ts).
  * - `core.checkStat=minimal` and `core.trustctime=false`: after the layer is
  *   unpacked elsewhere (new inodes, new ctimes), the first `git status`
  *   compares only mtime and size, and so does not re-hash every file (measured
@@ -72,9 +75,9 @@ export async function packRepoLayer(repo: string, commit: string, opts: PackRepo
   await git(['config', 'core.checkStat', 'minimal'], dest, 'config');
   await git(['config', 'core.trustctime', 'false'], dest, 'config');
 
-  // Deterministic mtimes (the commit time), then refresh the index so its
-  // stat data matches and the index file is newer than every entry.
-  const when = Number((await git(['show', '-s', '--format=%ct', sha], dest, 'show')).stdout.trim());
+  // One fixed mtime, then refresh the index so its stat data matches and
+  // the index file is newer than every entry.
+  const when = LAYER_EPOCH;
   const files = (await git(['ls-files', '-z'], dest, 'ls-files')).stdout.split('\0').filter(Boolean);
   for (const f of files) {
     const abs = path.join(dest, f);

@@ -13,7 +13,7 @@
  *   and whether the base's packages are visible;
  * - the inputs' digests: each `package` and `wheels` directory's content
  *   (digestDirectory), and the repo's commit resolved to a full sha;
- * - whether the build keeps the repo layer.
+ * - whether the build keeps the repo layer, and its own times.
  * Not in the key: the env's name (a label), the step timeout, where the
  * build runs. A recipe whose repo is a URL at a branch or tag (not a full
  * sha) has no key: the branch may move, and resolving it needs the network,
@@ -83,7 +83,7 @@ async function stepIdentity(step: EnvStep): Promise<unknown> {
  * The recipe's key, or undefined when the recipe cannot be keyed (see the
  * file comment). Reads every input directory: as costly as hashing them.
  */
-export async function recipeKey(r: CheckedRecipe, python: BasePython, opts: { keepRepo: boolean }): Promise<string | undefined> {
+export async function recipeKey(r: CheckedRecipe, python: BasePython, opts: { keepRepo: boolean; normalizeTimes: boolean }): Promise<string | undefined> {
   let repo: unknown = null;
   if (r.repo) {
     const sha = await resolvedCommit(r.repo.source, r.repo.commit);
@@ -103,6 +103,7 @@ export async function recipeKey(r: CheckedRecipe, python: BasePython, opts: { ke
       env: Object.entries(r.env).sort(([a], [b]) => (a < b ? -1 : 1)),
       systemSitePackages: r.systemSitePackages,
       network: r.network,
+      ...(opts.normalizeTimes ? {} : { buildTimes: true }),
     }),
   );
 }

@@ -23,6 +23,7 @@ export type { Pin, PinOptions, PinRequest } from './pins.js';
 export { describeProblem, type LayerProblem, type ListingEntry } from './verify.js';
 export { IoBudget, type BudgetOptions, type BudgetTicket, type BudgetProgress, type BudgetUsage } from './budget.js';
 export { dedupTree, gcObjects, type DedupOptions, type DedupResult } from './dedup.js';
+export { normalizeTimes, LAYER_EPOCH, type NormalizeResult } from './times.js';
 export {
   scanForPrefix,
   relocateTree,

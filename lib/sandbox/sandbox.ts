@@ -277,7 +277,8 @@ export class Sandbox implements AsyncDisposable {
   }
 
   #spawnProcess(opts: ProcessOptions): SandboxProcess {
-    const processPart = buildProcessPart({ cwd: this.#cwd, ...opts }, this.#part, {
+    // `cwd: undefined` (an option passed through unset) means the sandbox's cwd too.
+    const processPart = buildProcessPart({ ...opts, cwd: opts.cwd ?? this.#cwd }, this.#part, {
       env: this.#env,
       rlimits: this.#limits.rlimits,
       capabilities: this.#capabilities,

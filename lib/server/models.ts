@@ -349,6 +349,8 @@ export function parseUploadForm(fields: Map<string, { data: Buffer; filename?: s
 // ------------------------------------------------------- management models
 
 export interface CreateSandboxRequest {
+  /** An image of the server's store (name, id or id prefix): the sandbox's root is that image. */
+  image?: string;
   limits?: { memory?: number | string; pids?: number; cpu?: number };
   env?: Record<string, string>;
   network?: 'none' | 'host';
@@ -361,7 +363,7 @@ export function parseCreateSandbox(body: unknown): CreateSandboxRequest {
   const f = new FieldReader(body);
   const out: CreateSandboxRequest = {};
   for (const key of Object.keys(f.obj)) {
-    if (!['limits', 'env', 'network', 'hostname'].includes(key)) {
+    if (!['image', 'limits', 'env', 'network', 'hostname'].includes(key)) {
       f.issues.push({ type: 'extra_forbidden', loc: ['body', key], msg: 'Extra inputs are not permitted', input: f.obj[key] });
     }
   }
@@ -387,5 +389,7 @@ export function parseCreateSandbox(body: unknown): CreateSandboxRequest {
   if (f.obj.network !== undefined && f.obj.network !== null) out.network = f.literal<'none' | 'host'>('network', ['none', 'host'], 'none');
   const hostname = f.nullableStr('hostname');
   if (hostname !== null) out.hostname = hostname;
+  const image = f.nullableStr('image');
+  if (image !== null) out.image = image;
   return f.done(out);
 }

@@ -3,7 +3,8 @@
  * default one served at the root paths), each with its named shell
  * sessions, counted against a maximum, closed on DELETE or server stop.
  */
-import { Sandbox, type SandboxCreateOptions } from '../sandbox/index.js';
+import { createImageSandbox, openImageStore } from '../images/index.js';
+import { Sandbox, policy, type SandboxCreateOptions } from '../sandbox/index.js';
 import { SessionDoesNotExistError, type ShellSession } from '../shell/index.js';
 import { HttpError } from './http.js';
 import { pyRepr } from './python.js';
@@ -15,6 +16,10 @@ export class ManagedSandbox {
   constructor(
     readonly sandbox: Sandbox,
     readonly isDefault: boolean,
+    /** The image the sandbox was made from, as the request named it. */
+    readonly image?: string,
+    /** What closing takes besides the sandbox (an image sandbox's hold on its layers). */
+    private readonly closeSandbox: () => Promise<void> = () => sandbox.close(),
   ) {}
 
   get id(): string {
@@ -39,7 +44,7 @@ export class ManagedSandbox {
 
   async close(): Promise<void> {
     await this.closeAllSessions().catch(() => {});
-    await this.sandbox.close();
+    await this.closeSandbox();
   }
 
   describe(baseUrl: string): Record<string, unknown> {
@@ -47,6 +52,7 @@ export class ManagedSandbox {
       id: this.id,
       url: `${baseUrl}/sandboxes/${this.id}`,
       default: this.isDefault,
+      ...(this.image !== undefined ? { image: this.image } : {}),
       hostname: this.sandbox.hostname,
       created: this.created.toISOString(),
       alive: !this.sandbox.closed,
@@ -67,7 +73,11 @@ export interface RegistryOptions {
   sandboxDefaults?: SandboxCreateOptions;
   /** Injectable for tests; default Sandbox.create. */
   createSandbox?: (opts: SandboxCreateOptions) => Promise<Sandbox>;
+  /** The layer store whose images POST /sandboxes may name (default: the default store). */
+  imageStore?: string;
 }
+
+type ImageStore = Awaited<ReturnType<typeof openImageStore>>;
 
 export class SandboxRegistry {
   readonly #byId = new Map<string, ManagedSandbox>();
@@ -76,6 +86,7 @@ export class SandboxRegistry {
   #default: Promise<ManagedSandbox> | null = null;
   #closed = false;
   readonly #create: (opts: SandboxCreateOptions) => Promise<Sandbox>;
+  #imageStore: Promise<ImageStore> | undefined;
 
   constructor(private readonly options: RegistryOptions = {}) {
     this.#create = options.createSandbox ?? ((o) => Sandbox.create(o));
@@ -95,7 +106,7 @@ export class SandboxRegistry {
     return m;
   }
 
-  async create(request: SandboxCreateOptions = {}, isDefault = false): Promise<ManagedSandbox> {
+  async create(request: SandboxCreateOptions & { image?: string } = {}, isDefault = false): Promise<ManagedSandbox> {
     if (this.#closed) throw HttpError.detail(503, 'server is shutting down');
     const max = this.options.maxSandboxes;
     if (max !== undefined && this.#byId.size + this.#pending >= max) {
@@ -104,25 +115,41 @@ export class SandboxRegistry {
       });
     }
     this.#pending++;
-    let sandbox: Sandbox;
+    let managed: ManagedSandbox;
     try {
       const defaults = this.options.sandboxDefaults ?? {};
-      sandbox = await this.#create({
+      const { image, ...rest } = request;
+      const opts: SandboxCreateOptions = {
         ...defaults,
-        ...request,
-        env: { ...defaults.env, ...request.env },
-        limits: { ...defaults.limits, ...request.limits },
-      });
+        ...rest,
+        env: { ...defaults.env, ...rest.env },
+        limits: { ...defaults.limits, ...rest.limits },
+      };
+      managed = image === undefined ? new ManagedSandbox(await this.#create(opts), isDefault) : await this.#createFromImage(image, opts, isDefault);
     } finally {
       this.#pending--;
     }
-    const managed = new ManagedSandbox(sandbox, isDefault);
     if (this.#closed) {
-      await sandbox.close();
+      await managed.close();
       throw HttpError.detail(503, 'server is shutting down');
     }
     this.#byId.set(managed.id, managed);
     return managed;
+  }
+
+  /**
+   * A sandbox whose root is an image of the store, with the image's Env and
+   * working directory; the request's env, limits and network apply on top.
+   * Commands and sessions run as root, as SWE-ReX's own server does in a
+   * container, whatever the image's USER.
+   */
+  async #createFromImage(image: string, opts: SandboxCreateOptions, isDefault: boolean): Promise<ManagedSandbox> {
+    const { env, root: _root, cwd: _cwd, ...rest } = opts;
+    this.#imageStore ??= openImageStore(this.options.imageStore ? { root: this.options.imageStore } : {});
+    // Root that may edit any file of its image, as root in a container can (copy-up).
+    const capabilities = rest.capabilities ?? policy.FILE_CAPABILITIES;
+    const isb = await createImageSandbox(await this.#imageStore, image, { ...rest, capabilities, ...(env ? { env } : {}), user: 'root' });
+    return new ManagedSandbox(isb.sandbox, isDefault, image, () => isb.close());
   }
 
   /**

@@ -13,6 +13,7 @@
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { ImageError } from '../images/errors.js';
 import { ConfigError } from '../sandbox/errors.js';
 import type { SandboxCreateOptions } from '../sandbox/index.js';
 import { SwerexError } from '../shell/errors.js';
@@ -52,6 +53,8 @@ export interface ServerOptions {
   maxUnzippedBytes?: number;
   /** Options every sandbox is created with; POST /sandboxes fields override them. */
   sandboxDefaults?: SandboxCreateOptions;
+  /** The layer store whose images `POST /sandboxes {"image": ...}` may name (default: the default store). */
+  imageStore?: string;
   /**
    * Most bytes of one output stream a request keeps: stdout and stderr of
    * /execute each, the terminal output of one session run. Past it the
@@ -184,6 +187,10 @@ async function handleManagement(rest: string[], trailingSlash: boolean, req: Inc
       if (e instanceof ConfigError) {
         throw validationError([{ type: 'value_error', loc: ['body', ...(e.option ?? '').split('.').filter(Boolean)], msg: e.message, input: null }]);
       }
+      // An image the store does not have, or cannot run: the request's image is at fault.
+      if (e instanceof ImageError && request.image !== undefined) {
+        throw validationError([{ type: 'value_error', loc: ['body', 'image'], msg: e.message, input: request.image }]);
+      }
       throw e;
     }
     return jsonReply(200, { id: managed.id, url: `${ctx.baseUrl}/sandboxes/${managed.id}` });
@@ -221,7 +228,7 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
     throw new ConfigError(`maxOutputBytes: expected an integer >= ${MIN_OUTPUT_BYTES}, got ${String(options.maxOutputBytes)}`, 'maxOutputBytes');
   }
   const host = options.host ?? '127.0.0.1';
-  const registry = new SandboxRegistry({ maxSandboxes: options.maxSandboxes, sandboxDefaults: options.sandboxDefaults });
+  const registry = new SandboxRegistry({ maxSandboxes: options.maxSandboxes, sandboxDefaults: options.sandboxDefaults, ...(options.imageStore ? { imageStore: options.imageStore } : {}) });
   const auth = new ApiKeyCheck(options.authToken);
   const replay = new ReplayCache(options.replayCacheEntries ?? 1024);
   const ctx: Context = {

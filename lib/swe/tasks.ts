@@ -1,8 +1,9 @@
 /**
  * Task sets in the SWE-bench instance format (JSON array or JSONL), extended
- * with the environment recipe MiniSandbox needs to build a task without
- * Docker images: base Python version, install commands, test command and
- * where to get the repository.
+ * with what MiniSandbox needs to evaluate a task: either an environment
+ * recipe (base Python version, install commands) or a container image that
+ * already holds the environment, the test command, where the repository is,
+ * and which isolation to run it under.
  */
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { isLogParserName, LOG_PARSER_NAMES, type LogParserName } from './logParsers.js';
@@ -19,6 +20,25 @@ import {
 
 export { loadPredictions, parsePredictions, type Prediction, type PredictionLoadResult } from './predictions.js';
 export type { RecordFileFormat } from './records.js';
+
+/** How a task asks to be run; `eval --isolation` overrides it for a whole set. */
+export type TaskIsolation = 'sandbox' | 'docker';
+export const TASK_ISOLATIONS: readonly TaskIsolation[] = ['sandbox', 'docker'];
+
+export function isTaskIsolation(value: unknown): value is TaskIsolation {
+  return typeof value === 'string' && (TASK_ISOLATIONS as readonly string[]).includes(value);
+}
+
+/** Where a task's repository is inside its sandbox or container unless `repo_dir` says otherwise. */
+export const DEFAULT_REPO_DIR = '/testbed';
+
+/**
+ * An image reference that names a file rather than an image: absolute, or
+ * relative with ./ or ../ (a bare "name:tag" is a reference, never a path).
+ */
+export function isImageFile(image: string): boolean {
+  return image.startsWith('/') || image.startsWith('./') || image.startsWith('../');
+}
 
 export interface Task {
   instance_id: string;
@@ -37,13 +57,38 @@ export interface Task {
   FAIL_TO_PASS: string[];
   /** Tests that must keep passing. */
   PASS_TO_PASS: string[];
-  /** Base Python version, "major.minor[.patch]", e.g. "3.11". */
-  python: string;
+  /**
+   * Base Python version, "major.minor[.patch]", e.g. "3.11". Required
+   * without `image`; with one, the image is the environment and this is
+   * not used.
+   */
+  python?: string;
   /**
    * Shell commands run in the repo, inside the venv, to install it. A file
-   * may give one string, as SWE-bench's specs write it: one command.
+   * may give one string, as SWE-bench's specs write it: one command. Not
+   * used with `image` (empty when the task gives none).
    */
   install: string[];
+  /**
+   * A container image holding the task's environment (SWE-bench's instance
+   * image name, or any reference): a name in the image store or Docker, a
+   * registry reference, or a `docker save` / OCI archive file (a path
+   * beginning with `/`, `./` or `../`; relative to the task file).
+   */
+  image?: string;
+  /**
+   * Where the repository is inside the image (default /testbed, as in
+   * SWE-bench's images). With `repo_path` / `repo_url` it is checked out
+   * there at base_commit, over whatever the image holds; without, the image
+   * must hold it at base_commit.
+   */
+  repo_dir?: string;
+  /**
+   * 'sandbox' (default): a MiniSandbox sandbox, of the image when the task
+   * names one, else of its venv. 'docker': a Docker container of the image
+   * (a task that needs a real container: a system service, a kernel feature).
+   */
+  isolation?: TaskIsolation;
   /** Shell command that runs the tests, e.g. "python -m pytest -rA tests". */
   test_cmd: string;
   /** Local git repository (absolute once loaded from a file). */
@@ -151,11 +196,17 @@ function readTask(
     test_patch: fields.string('test_patch', true),
     FAIL_TO_PASS: testList('FAIL_TO_PASS'),
     PASS_TO_PASS: testList('PASS_TO_PASS'),
-    python: fields.string('python'),
-    install: typeof raw.install === 'string' ? [fields.string('install')] : fields.stringList('install'),
+    install: [],
     test_cmd: fields.string('test_cmd'),
   };
-  const optional = ['environment_setup_commit', 'repo_path', 'repo_url', 'problem_statement', 'hints_text', 'created_at'] as const;
+  // With an image, the image is the environment: the venv recipe may be
+  // absent (and is not used when present).
+  const hasImage = fields.has('image');
+  if (!hasImage || fields.has('python')) task.python = fields.string('python');
+  if (!hasImage || fields.has('install')) {
+    task.install = typeof raw.install === 'string' ? [fields.string('install')] : fields.stringList('install');
+  }
+  const optional = ['environment_setup_commit', 'repo_path', 'repo_url', 'image', 'repo_dir', 'problem_statement', 'hints_text', 'created_at'] as const;
   for (const field of optional) {
     const text = fields.optionalString(field);
     if (text !== undefined) task[field] = text;
@@ -163,6 +214,9 @@ function readTask(
   checkRecipe(task, raw, fields.problems, options.testLists ?? 'required');
   if (task.repo_path !== undefined && options.baseDir !== undefined && !isAbsolute(task.repo_path)) {
     task.repo_path = resolve(options.baseDir, task.repo_path);
+  }
+  if (task.image !== undefined && isImageFile(task.image) && options.baseDir !== undefined && !isAbsolute(task.image)) {
+    task.image = resolve(options.baseDir, task.image);
   }
   return { task, problems: fields.problems, ...(instanceId ? { instanceId } : {}) };
 }
@@ -184,8 +238,20 @@ function checkRecipe(task: Task, raw: Record<string, unknown>, problems: string[
       problems.push('"FAIL_TO_PASS" must list at least one test');
     }
   }
-  if (task.repo_path === undefined && task.repo_url === undefined) {
-    problems.push('needs "repo_path" or "repo_url" to know where the git repository is');
+  if (task.repo_path === undefined && task.repo_url === undefined && task.image === undefined) {
+    problems.push('needs "repo_path" or "repo_url" to know where the git repository is (or an "image" that holds it)');
+  }
+  if (task.repo_dir !== undefined) {
+    if (task.image === undefined) problems.push(`"repo_dir" needs an "image" (a venv task's repository is always at ${DEFAULT_REPO_DIR})`);
+    else if (!isAbsolute(task.repo_dir) || task.repo_dir.split('/').includes('..') || task.repo_dir.replace(/\/+$/, '') === '') {
+      problems.push(`"repo_dir" must be an absolute path below / without "..", got "${task.repo_dir}"`);
+    }
+  }
+  if (raw.isolation !== undefined && raw.isolation !== null) {
+    if (!isTaskIsolation(raw.isolation)) problems.push(`"isolation" must be one of ${TASK_ISOLATIONS.join(', ')}, got ${JSON.stringify(raw.isolation)}`);
+    else if (raw.isolation === 'docker' && task.image === undefined) {
+      problems.push('"isolation": "docker" needs an "image" to run (Docker cannot run a venv recipe)');
+    } else task.isolation = raw.isolation;
   }
   if (raw.log_parser !== undefined && raw.log_parser !== null) {
     if (isLogParserName(raw.log_parser)) task.log_parser = raw.log_parser;

@@ -187,6 +187,12 @@ describe(`docker run of the test images (as ${process.getuid?.() === 0 ? 'root' 
     const r = await dockerRun(IMAGES.app2, ['sh', '-c', `cat ${APP.app2Marker} && test -e /etc/issue && id -u && exit 7`]);
     expect(r).toEqual({ stdout: 'app2\n0\n', stderr: '', exitCode: 7 });
   });
+
+  it('dockerRun: input reaches stdin, no network unless asked for', async () => {
+    expect(await dockerRun(IMAGES.app, ['cat'], { input: 'typed\n' })).toEqual({ stdout: 'typed\n', stderr: '', exitCode: 0 });
+    const ifaces = await dockerRun(IMAGES.app, ['ls', '/sys/class/net']);
+    expect(ifaces.stdout.split('\n').filter(Boolean)).toEqual(['lo']);
+  });
 });
 
 describe(`the registry on ${REGISTRY}`, () => {

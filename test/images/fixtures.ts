@@ -181,18 +181,21 @@ export interface DockerRunResult {
 }
 
 /**
- * `docker run --rm [args...] IMAGE ARGV...`, output captured: the reference
- * that `minisandbox image run IMAGE -- ARGV` is compared with. `args` go
- * before the image (e.g. ['-e', 'X=1'], ['--entrypoint', 'sh']).
+ * `docker run --rm --network none [args...] IMAGE ARGV...`, output
+ * captured: the reference that `minisandbox image run IMAGE -- ARGV` is
+ * compared with. `args` go before the image (e.g. ['-e', 'X=1'],
+ * ['--entrypoint', 'sh']). No network by default, as a sandbox has none
+ * (`network: 'bridge'` for Docker's default); `input` is written to stdin.
  */
 export function dockerRun(
   image: string,
   argv: readonly string[] = [],
-  opts: { args?: readonly string[]; timeoutMs?: number; input?: string } = {},
+  opts: { args?: readonly string[]; timeoutMs?: number; input?: string; network?: string } = {},
 ): Promise<DockerRunResult> {
   const { dockerCli } = imageFixtures();
+  const runArgs = ['run', '--rm', '--network', opts.network ?? 'none', ...(opts.input !== undefined ? ['-i'] : []), ...(opts.args ?? [])];
   return new Promise((resolve, reject) => {
-    const child = spawn(dockerCli, ['run', '--rm', ...(opts.input !== undefined ? ['-i'] : []), ...(opts.args ?? []), image, ...argv], {
+    const child = spawn(dockerCli, [...runArgs, image, ...argv], {
       stdio: ['pipe', 'pipe', 'pipe'],
     });
     let stdout = '';

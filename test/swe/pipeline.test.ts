@@ -93,7 +93,7 @@ suite('prepareTasks', () => {
     const again = await prepareTasks(demo.tasks, { store, stateDir });
     expect(again.summary.envs).toEqual({ built: 0, reused: 4, failed: 0 });
     expect(again.summary.repos).toEqual({ built: 0, reused: 4, failed: 0 });
-    expect(again.prepared.get(demo.tasks[0]!.instance_id)!.env.venvDigest).toBe(prep.prepared.get(demo.tasks[0]!.instance_id)!.env.venvDigest);
+    expect(again.prepared.get(demo.tasks[0]!.instance_id)!.env!.venvDigest).toBe(prep.prepared.get(demo.tasks[0]!.instance_id)!.env!.venvDigest);
   });
 });
 
@@ -191,7 +191,7 @@ suite('the store after prepare, used as a library', () => {
 
     const gc = await store.gc();
     expect(gc.removedLayers).toEqual([stray.digest]);
-    const inUse = [...prep.prepared.values()].flatMap((p) => [p.env.venvDigest, p.env.repoDigest]);
+    const inUse = [...prep.prepared.values()].flatMap((p) => [p.env!.venvDigest, p.env!.repoDigest]);
     for (const d of [...inUse, own.venv.digest, own.repo!.digest]) expect(await store.get(d), d).toBeDefined();
     const labels = (await store.pins()).map((p) => p.label);
     expect(labels.filter((l) => l.startsWith('prepared repo '))).toHaveLength(demo.tasks.length);

@@ -65,7 +65,7 @@ describe('parseTasks', () => {
     expect(commit?.problems).toEqual([
       '"base_commit" must be a commit SHA (7-40 lowercase hex digits), got "main"',
       '"FAIL_TO_PASS" must list at least one test',
-      'needs "repo_path" or "repo_url" to know where the git repository is',
+      'needs "repo_path" or "repo_url" to know where the git repository is (or an "image" that holds it)',
     ]);
     expect(notObject?.problems).toEqual(['must be a JSON object, got an array']);
     expect(duplicate?.problems).toEqual(['duplicate instance_id (first defined at line 1)']);
@@ -100,6 +100,34 @@ describe('parseTasks', () => {
     ]);
   });
 
+  it('takes an image instead of the venv recipe and the repository, with isolation and repo_dir checked', () => {
+    const imageOnly = valid({ instance_id: 'img-1', python: undefined, install: undefined, repo_path: undefined, image: 'sweb.eval.x86_64.org__proj-1:latest' });
+    const withAll = valid({ instance_id: 'img-2', image: 'reg.example.org/x:1', repo_dir: '/src/proj', isolation: 'docker' });
+    const { tasks, errors } = parseTasks(
+      jsonl(
+        imageOnly,
+        withAll,
+        valid({ instance_id: 'bad-iso', image: 'x:1', isolation: 'vm' }),
+        valid({ instance_id: 'docker-no-image', isolation: 'docker' }),
+        valid({ instance_id: 'dir-no-image', repo_dir: '/testbed' }),
+        valid({ instance_id: 'bad-dir', image: 'x:1', repo_dir: 'testbed' }),
+        valid({ instance_id: 'no-python', python: undefined }),
+      ),
+      'jsonl',
+    );
+    expect(tasks.map((t) => [t.instance_id, t.image, t.python, t.install, t.repo_dir, t.isolation])).toEqual([
+      ['img-1', 'sweb.eval.x86_64.org__proj-1:latest', undefined, [], undefined, undefined],
+      ['img-2', 'reg.example.org/x:1', '3.11', ['python -m pip install -e .'], '/src/proj', 'docker'],
+    ]);
+    expect(errors.map((e) => [e.instance_id, e.problems])).toEqual([
+      ['bad-iso', ['"isolation" must be one of sandbox, docker, got "vm"']],
+      ['docker-no-image', ['"isolation": "docker" needs an "image" to run (Docker cannot run a venv recipe)']],
+      ['dir-no-image', ['"repo_dir" needs an "image" (a venv task\'s repository is always at /testbed)']],
+      ['bad-dir', ['"repo_dir" must be an absolute path below / without "..", got "testbed"']],
+      ['no-python', ['missing field "python"']],
+    ]);
+  });
+
   it('throws for a JSON document that is not an array of tasks', () => {
     expect(() => parseTasks('{"a": 1}', 'json')).toThrow('tasks JSON must be an array of objects, got an object');
     expect(() => parseTasks('[{', 'json')).toThrow(/tasks JSON is not valid JSON/);
@@ -122,6 +150,14 @@ describe('loadTasks / loadPredictions', () => {
       expect(errors).toEqual([]);
       expect(tasks[0]?.repo_path).toBe(join(dir, 'repos/proj'));
     }
+  });
+
+  it('resolves an image file given as ./ or ../ against the task file, and leaves references alone', () => {
+    const file = valid({ instance_id: 'f', image: './images/app.tar' });
+    const ref = valid({ instance_id: 'r', image: 'msbx-test/app:1' });
+    writeFileSync(join(dir, 'images.jsonl'), jsonl(file, ref));
+    const { tasks } = loadTasks(join(dir, 'images.jsonl'));
+    expect(tasks.map((t) => t.image)).toEqual([join(dir, 'images/app.tar'), 'msbx-test/app:1']);
   });
 
   it('names the file when it cannot be read', () => {

@@ -1,7 +1,8 @@
 /** `minisandbox eval`: predictions on a task set, each in a fresh sandbox. */
 import { absolutePath, outputFile, readableFile, UsageError, type Command } from '../args.js';
 import { JOBS_OPTION, STORE_OPTION, TEST_TIMEOUT_OPTION } from '../options.js';
-import { readPredictions, readTasks, runEvaluation } from '../swe.js';
+import { ISOLATION_OPTION, readPredictions, readTasks, runEvaluation } from '../swe.js';
+import type { TaskIsolation } from '../../swe/tasks.js';
 
 const evalCommand: Command = {
   spec: {
@@ -10,7 +11,9 @@ const evalCommand: Command = {
     about: `Evaluates predictions as SWE-bench does, each in a fresh sandbox: apply the
 patch (git apply, git apply --reject, patch --fuzz=5), reset the test files
 and apply test_patch, run test_cmd, parse the log, grade. Environments are
-prepared first (reused from the store when present).`,
+prepared first (reused from the store when present). A task that names an
+image runs in a sandbox of that image, or in a Docker container of it
+(isolation "docker"); the report says which, per instance.`,
     positionals: [{ name: 'TASKS', check: readableFile }],
     options: {
       '--predictions': { values: ['PREDS'], check: readableFile, help: 'SWE-bench predictions (JSONL, JSON list or object)' },
@@ -18,6 +21,7 @@ prepared first (reused from the store when present).`,
       '--store': STORE_OPTION,
       '--jobs': { ...JOBS_OPTION, help: 'Evaluations (and builds) at once' },
       '--timeout': TEST_TIMEOUT_OPTION,
+      '--isolation': ISOLATION_OPTION,
       '--report': {
         values: ['FILE'],
         check: outputFile,
@@ -38,6 +42,7 @@ errors), 2 on usage errors.`,
     const predictions = file !== undefined ? readPredictions(file) : { predictions: tasks.map((t) => ({ instance_id: t.instance_id, model_patch: t.patch, model_name_or_path: 'gold' })), rejected: 0 };
     const report = args.get('--report');
     const logs = args.get('--logs');
+    const isolation = args.get<TaskIsolation>('--isolation');
     const { report: run } = await runEvaluation({
       tasks,
       predictions: predictions.predictions,
@@ -46,6 +51,7 @@ errors), 2 on usage errors.`,
       timeoutMs: args.get<number>('--timeout')! * 1000,
       ...(report ? { reportFile: report } : {}),
       ...(logs ? { logsDir: logs } : {}),
+      ...(isolation ? { isolation } : {}),
       rejected,
     });
     return run.error_instances === 0 && rejected === 0 && predictions.rejected === 0 ? 0 : 1;

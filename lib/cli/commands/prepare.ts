@@ -1,7 +1,8 @@
 /** `minisandbox prepare`: the environments of a task set. */
 import { readableFile, type Command } from '../args.js';
 import { JOBS_OPTION, STORE_OPTION } from '../options.js';
-import { prepareWithProgress, readTasks } from '../swe.js';
+import { ISOLATION_OPTION, prepareWithProgress, readTasks } from '../swe.js';
+import type { TaskIsolation } from '../../swe/tasks.js';
 
 const prepareCommand: Command = {
   spec: {
@@ -9,16 +10,17 @@ const prepareCommand: Command = {
     about: `Builds the environments of a task set (SWE-bench JSONL/JSON with recipe
 fields python, install, test_cmd, repo_path or repo_url): one venv layer
 per repo+version recipe, one repository layer per task at base_commit.
-Layers already in the store are reused. A task that cannot be read or
+Images the tasks name are imported or pulled once each: into the store for
+a sandbox, into Docker for isolation "docker". What is there is reused. A task that cannot be read or
 prepared is reported with its reason; the others go on.`,
     positionals: [{ name: 'TASKS', check: readableFile }],
-    options: { '--store': STORE_OPTION, '--jobs': { ...JOBS_OPTION, help: 'Builds at once' } },
+    options: { '--store': STORE_OPTION, '--jobs': { ...JOBS_OPTION, help: 'Builds at once' }, '--isolation': ISOLATION_OPTION },
     exitCodes: `Exit code: 0 if every task is ready, 1 if some were rejected or failed
 (or none could be read), 2 on usage errors.`,
   },
   async run(args) {
     const { tasks, rejected } = readTasks(args.positionals[0] as string);
-    const result = await prepareWithProgress(tasks, args.get('--store')!, args.get<number>('--jobs')!, rejected);
+    const result = await prepareWithProgress(tasks, args.get('--store')!, args.get<number>('--jobs')!, rejected, args.get<TaskIsolation>('--isolation'));
     return result.failures.length === 0 && rejected === 0 ? 0 : 1;
   },
 };

@@ -10,6 +10,7 @@ import { authTokenProblem } from '../../server/http.js';
 import { startServer, type ServerOptions } from '../../server/index.js';
 import { MIN_OUTPUT_BYTES } from '../../shell/index.js';
 import { CommandError, UsageError, cores, fsReason, oneOf, port, positiveInt, type Args, type Command, type ValueCheck } from '../args.js';
+import { STORE_OPTION } from '../options.js';
 
 export const AUTH_TOKEN_ENV = 'MINISANDBOX_AUTH_TOKEN';
 
@@ -146,6 +147,7 @@ were cut`,
     '--pids': { values: ['N'], check: positiveInt, section: SANDBOXES, help: 'Process limit of every sandbox' },
     '--cpu': { values: ['CORES'], check: cores, section: SANDBOXES, help: 'CPU limit of every sandbox (e.g. 1.5)' },
     '--network': { values: ['none|host'], check: oneOf('none', 'host'), section: SANDBOXES, help: 'Network of every sandbox (default none)' },
+    '--store': { ...STORE_OPTION, section: SANDBOXES, help: 'The layer store whose images POST /sandboxes {"image": ...} may name' },
     '--quiet': { section: SANDBOXES, help: 'No log line per request (time, method, path, status, duration) on stderr' },
   },
   exitCodes: `Exit code: 0 after SIGINT or SIGTERM (every sandbox closed); 1 when the
@@ -179,6 +181,7 @@ function serverOptions(args: Args, fromEnv: string | undefined): { options: Serv
       ...optional('maxOutputBytes', '--max-output'),
       ...(args.has('--quiet') ? {} : { log: (line: string) => process.stderr.write(`${line}\n`) }),
       sandboxDefaults: { ...(Object.keys(limits).length ? { limits } : {}), ...(network ? { network } : {}) },
+      imageStore: args.get('--store')!,
     },
   };
 }

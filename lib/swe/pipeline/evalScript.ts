@@ -46,21 +46,26 @@ export function modifiedFiles(diff: string): string[] {
   return [...files];
 }
 
+/** The repository's directory in the task's sandbox or container. */
+function repoDirOf(task: Pick<Task, 'repo_dir'>): string {
+  return shQuote(task.repo_dir ?? TESTBED);
+}
+
 /** Applies /tmp/patch.diff; prints APPLY_OK or APPLY_FAILED; exit 0 iff applied. */
-export function applyScript(): string {
+export function applyScript(task: Pick<Task, 'repo_dir'> = {}): string {
   const attempts = APPLY_COMMANDS.map(
     (cmd) => `if ${cmd}; then echo ${shQuote(`${APPLY_OK} (${cmd.replace(` ${PATCH_FILE}`, '')})`)}; exit 0; fi`,
   );
-  return ['exec 2>&1', `cd ${TESTBED}`, ...attempts, `echo ${shQuote(APPLY_FAILED)}`, 'exit 1', ''].join('\n');
+  return ['exec 2>&1', `cd ${repoDirOf(task)}`, ...attempts, `echo ${shQuote(APPLY_FAILED)}`, 'exit 1', ''].join('\n');
 }
 
 /** Restores the test files, applies test_patch; exit 0 iff it applied. */
-export function testPatchScript(task: Pick<Task, 'base_commit' | 'test_patch'>): string {
+export function testPatchScript(task: Pick<Task, 'base_commit' | 'test_patch' | 'repo_dir'>): string {
   const files = modifiedFiles(task.test_patch).map(shQuote).join(' ');
   return [
     'exec 2>&1',
     'set -x',
-    `cd ${TESTBED}`,
+    `cd ${repoDirOf(task)}`,
     ...(files ? [`git checkout ${task.base_commit} -- ${files}`] : []),
     `git apply --verbose ${TEST_PATCH_FILE} || { echo ${shQuote(TEST_PATCH_FAILED)}; exit 1; }`,
     '',
@@ -68,11 +73,11 @@ export function testPatchScript(task: Pick<Task, 'base_commit' | 'test_patch'>):
 }
 
 /** Runs test_cmd between SWE-bench's markers (the trace of `:` prints them). */
-export function testScript(task: Pick<Task, 'test_cmd'>): string {
+export function testScript(task: Pick<Task, 'test_cmd' | 'repo_dir'>): string {
   return [
     'exec 2>&1',
     'set -uxo pipefail',
-    `cd ${TESTBED}`,
+    `cd ${repoDirOf(task)}`,
     `: '${START_TEST_OUTPUT}'`,
     // bash's clock around the command alone: the benchmark subtracts it to
     // get the harness's own overhead.

@@ -20,7 +20,7 @@ import {
   testPatchScript,
   testScript,
 } from './evalScript.js';
-import type { PreparedTask, SandboxRequest, TaskSandbox } from './types.js';
+import type { IsolationKind, PreparedTask, SandboxRequest, TaskSandbox } from './types.js';
 
 export interface EvaluateOptions {
   prepared: PreparedTask;
@@ -47,6 +47,8 @@ export interface EvalTimings {
 /** One run of a task's tests in a fresh sandbox, before grading. */
 export interface TestRun {
   instance_id: string;
+  /** What the tests ran in (absent when nothing ran: an empty patch, no FAIL_TO_PASS). */
+  isolation?: IsolationKind;
   /** The patch applied (always true for a run without one). */
   patchApplied: boolean;
   /** Which command applied the patch, e.g. "git apply --verbose". */
@@ -82,10 +84,11 @@ export async function evaluate(task: Task, patch: string | null | undefined, opt
   const t0 = performance.now();
   let run: TestRun;
   if (isPatchEmpty(patch)) {
-    run = { instance_id: task.instance_id, patchApplied: false, timedOut: false, log: '', timings: { setupMs: 0, testsMs: 0, teardownMs: 0, totalMs: 0 } };
+    run = { instance_id: task.instance_id, isolation: opts.prepared.isolation, patchApplied: false, timedOut: false, log: '', timings: { setupMs: 0, testsMs: 0, teardownMs: 0, totalMs: 0 } };
   } else if (task.FAIL_TO_PASS.length === 0) {
     run = {
       instance_id: task.instance_id,
+      isolation: opts.prepared.isolation,
       patchApplied: false,
       timedOut: false,
       log: '',
@@ -115,7 +118,14 @@ export async function evaluate(task: Task, patch: string | null | undefined, opt
  */
 export async function runTaskTests(task: Task, patch: string | null, opts: EvaluateOptions): Promise<TestRun> {
   const t0 = performance.now();
-  const run: TestRun = { instance_id: task.instance_id, patchApplied: patch === null, timedOut: false, log: '', timings: { setupMs: 0, testsMs: 0, teardownMs: 0, totalMs: 0 } };
+  const run: TestRun = {
+    instance_id: task.instance_id,
+    isolation: opts.prepared.isolation,
+    patchApplied: patch === null,
+    timedOut: false,
+    log: '',
+    timings: { setupMs: 0, testsMs: 0, teardownMs: 0, totalMs: 0 },
+  };
   if (opts.prepared.instance_id !== task.instance_id) {
     run.error = `prepared environment is for "${opts.prepared.instance_id}", not "${task.instance_id}"`;
     return run;
@@ -123,9 +133,10 @@ export async function runTaskTests(task: Task, patch: string | null, opts: Evalu
   let sandbox: TaskSandbox | undefined;
   try {
     sandbox = await opts.prepared.createSandbox(opts.sandbox);
-    await runSteps(sandbox, task, patch, opts, run);
+    // The scripts work where the prepared task put the repository.
+    await runSteps(sandbox, { ...task, repo_dir: opts.prepared.repoDir }, patch, opts, run, t0);
   } catch (err) {
-    run.error = `evaluation of "${task.instance_id}" failed: ${errorText(err)}`;
+    run.error = `evaluation of "${task.instance_id}" (${opts.prepared.isolation}) failed: ${errorText(err)}`;
     if (run.timings.setupMs === 0) run.timings.setupMs = performance.now() - t0;
   } finally {
     const closeStart = performance.now();
@@ -138,8 +149,8 @@ export async function runTaskTests(task: Task, patch: string | null, opts: Evalu
   return run;
 }
 
-async function runSteps(sb: TaskSandbox, task: Task, patch: string | null, opts: EvaluateOptions, run: TestRun): Promise<void> {
-  const t0 = performance.now();
+/** The steps in a started sandbox; setupMs counts from `t0`, before the sandbox started, as the docs say. */
+async function runSteps(sb: TaskSandbox, task: Task, patch: string | null, opts: EvaluateOptions, run: TestRun, t0: number): Promise<void> {
   const signal = opts.signal ? { signal: opts.signal } : {};
   const setupTimeout = opts.setupTimeoutMs ?? 120_000;
   const bash = (script: string, timeout: number) => sb.exec(['/bin/bash', '-c', script], { timeout, ...signal });
@@ -150,7 +161,7 @@ async function runSteps(sb: TaskSandbox, task: Task, patch: string | null, opts:
     if (w.exitCode !== 0) throw new SweError(`writing ${file}: ${w.stderr.trim() || `exit ${w.exitCode}`}`);
   }
   if (patch !== null) {
-    const apply = await bash(applyScript(), setupTimeout);
+    const apply = await bash(applyScript(task), setupTimeout);
     run.log += apply.stdout;
     if (apply.exitCode !== 0 || !apply.stdout.includes(APPLY_OK)) {
       run.timings.setupMs = performance.now() - t0;

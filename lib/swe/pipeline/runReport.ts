@@ -10,7 +10,7 @@ import type { Task } from '../tasks.js';
 import { evaluate, type EvalResult, type EvalTimings } from './evaluate.js';
 import { createLimiter } from '../../files/limit.js';
 import type { PrepareFailure } from './prepare.js';
-import type { PreparedTask, SandboxRequest } from './types.js';
+import type { IsolationKind, PreparedTask, SandboxRequest } from './types.js';
 
 export interface EvaluateAllOptions {
   prepared: ReadonlyMap<string, PreparedTask>;
@@ -43,8 +43,12 @@ export interface EvalRunReport extends RunReport {
   /** Why an instance is an error (preparation or harness failure). */
   errors: Record<string, string>;
   timings: Record<string, EvalTimings>;
+  /** What each evaluated instance ran in: 'sandbox-venv', 'sandbox-image' or 'docker'. */
+  isolation: Record<string, IsolationKind>;
   /** Medians over evaluated instances. */
   timing_medians: TimingSummary;
+  /** The same medians for each isolation used (a Docker baseline beside the sandboxes). */
+  timing_medians_by_isolation: Partial<Record<IsolationKind, TimingSummary>>;
   totals: { resolved: number; evaluated: number; mean_reward: number; wall_ms: number };
 }
 
@@ -135,7 +139,11 @@ export async function evaluateAll(tasks: readonly Task[], predictions: readonly 
     timed_out_ids: results.filter((r) => r.timedOut).map((r) => r.instance_id).sort(),
     errors: sortedRecord(Object.entries(errors)),
     timings: sortedRecord(results.map((r) => [r.instance_id, r.timings])),
+    isolation: sortedRecord(results.flatMap((r) => (r.isolation ? [[r.instance_id, r.isolation] as [string, IsolationKind]] : []))),
     timing_medians: summarizeTimings(ran.map((r) => r.timings)),
+    timing_medians_by_isolation: Object.fromEntries(
+      [...new Set(ran.flatMap((r) => (r.isolation ? [r.isolation] : [])))].sort().map((k) => [k, summarizeTimings(ran.filter((r) => r.isolation === k).map((r) => r.timings))]),
+    ),
     totals: {
       resolved: runReport.resolved_instances,
       evaluated: results.length,

@@ -81,12 +81,13 @@ export class TaskEnvs {
    * an interpreter that has it is preferred.
    */
   python(task: Pick<Task, 'python' | 'test_cmd'>): BasePython | string {
+    if (task.python === undefined) return 'no "python" version to find an interpreter for';
     const wantsPytest = /\bpytest\b/.test(task.test_cmd);
     const key = `${task.python}|${wantsPytest}`;
     let found = this.#pythons.get(key);
     if (found === undefined) {
       try {
-        found = (wantsPytest ? findPython({ version: task.python, modules: ['pytest'] }) : undefined) ?? resolvePython(task.python);
+        found = (wantsPytest ? findPython({ version: task.python, modules: ['pytest'] }) : undefined) ?? resolvePython(task.python!);
       } catch (err) {
         found = (err as Error).message;
       }
@@ -153,9 +154,16 @@ export class TaskEnvs {
     return { value: env, reused: env.reused === true };
   }
 
-  async prepareRepo(task: Task, opts: { signal?: AbortSignal } = {}): Promise<StepOutcome<Layer>> {
+  /**
+   * The task's repository at base_commit, as a layer built for `repoDir`
+   * (TESTBED for venv tasks; an image task's repo_dir).
+   */
+  async prepareRepo(task: Task, opts: { signal?: AbortSignal; repoDir?: string } = {}): Promise<StepOutcome<Layer>> {
     const source = repoSource(task);
-    const key = hashKey({ source, commit: task.base_commit });
+    const repoDir = opts.repoDir ?? TESTBED;
+    // The layer records where it was built (relocation needs it): another
+    // directory is another layer. TESTBED's keys stay what they were.
+    const key = hashKey(repoDir === TESTBED ? { source, commit: task.base_commit } : { source, commit: task.base_commit, repoDir });
     const { store } = this.#opts;
     const found = await readRef(store, 'repo', key);
     if (found) return { value: found.layer, reused: true };
@@ -166,7 +174,7 @@ export class TaskEnvs {
       const { env: lib } = await sandboxLibraries();
       const repo = await lib.buildRepo(source, task.base_commit, {
         store,
-        repoPath: TESTBED,
+        repoPath: repoDir,
         keepArchive: false,
         // The prepared tasks' use of the layer, which gc respects.
         pin: { owner: `swe repo ${key}`, label: `prepared repo ${task.repo}@${task.base_commit}` },
@@ -182,6 +190,8 @@ export class TaskEnvs {
   finish(task: Task, env: Env, repo: Layer): PreparedTask {
     return {
       instance_id: task.instance_id,
+      isolation: 'sandbox-venv',
+      repoDir: TESTBED,
       env: {
         envId: env.id,
         envKey: this.envKey(task),
