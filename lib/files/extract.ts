@@ -198,17 +198,21 @@ export async function extractImageLayer(input: Readable, dest: string, opts: Ima
       cb(null, chunk);
     },
   });
-  const uncompressed = new Transform({
-    transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback) {
-      inner.update(chunk);
-      cb(null, chunk);
-    },
-  });
+  // An uncompressed layer's blob digest is its diffID: hashed once.
+  const plain = opts.compression === 'none';
+  const uncompressed = plain
+    ? undefined
+    : new Transform({
+        transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback) {
+          inner.update(chunk);
+          cb(null, chunk);
+        },
+      });
   const checker = new TarChecker(label, { label, whiteouts: 'overlay' });
   await unpack({
     input,
     counter,
-    afterDecompress: uncompressed,
+    ...(uncompressed ? { afterDecompress: uncompressed } : {}),
     compression: opts.compression,
     checker,
     tarArgs: [
@@ -226,7 +230,7 @@ export async function extractImageLayer(input: Readable, dest: string, opts: Ima
   });
   opts.onProgress?.(bytes);
   const digest = outer.digest('hex');
-  const diffId = inner.digest('hex');
+  const diffId = plain ? digest : inner.digest('hex');
   if (wantDigest !== undefined && digest !== wantDigest)
     throw new FileError(`${label}: blob sha256 is ${digest}, not ${wantDigest} as its manifest says: the layer was altered or damaged; nothing was stored`);
   if (diffId !== wantDiffId)
@@ -445,7 +449,9 @@ async function unpack(spec: UnpackSpec): Promise<void> {
     await Promise.allSettled(steps);
     // Prefer the checker's refusal (it names the member) over the broken
     // pipes and killed processes it causes.
-    if (checkerError) throw checkerError;
+    // (Only its own refusal: a pipeline torn down by an abort destroys the
+    // checker with a plain AbortError, which is not the checker's word.)
+    if (checkerError instanceof FileError) throw checkerError;
     if (err instanceof FileError) throw err;
     if (spec.signal?.aborted) throw new FileError(`${label}: extraction aborted`, { cause: err });
     throw new FileError(`${label}: ${(err as Error).message}`, { cause: err });

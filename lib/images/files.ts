@@ -9,7 +9,7 @@
  */
 import { createReadStream, promises as fsp } from 'node:fs';
 import path from 'node:path';
-import type { Readable } from 'node:stream';
+import { Readable } from 'node:stream';
 import { codeOf } from '../errors.js';
 import { compressionOf, extractArchive } from '../files/extract.js';
 import { removeTree } from '../files/fsTree.js';
@@ -138,7 +138,7 @@ class TarFiles implements ImageFiles {
   async open(name: string): Promise<Readable> {
     const m = this.member(name);
     if (!m) throw new ImageError(`${this.label}: ${name} is missing`);
-    if (m.size === 0) return createReadStream(this.file, { start: 1, end: 0 });
+    if (m.size === 0) return Readable.from([]);
     return createReadStream(this.file, { start: m.offset, end: m.offset + m.size - 1, highWaterMark: 1 << 20 });
   }
 

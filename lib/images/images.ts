@@ -14,13 +14,13 @@
 import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
-import { adopt, codeOf } from '../errors.js';
+import { MinisandboxError, adopt, codeOf } from '../errors.js';
 import { withLock } from '../files/lock.js';
 import { selfStartTime } from '../files/proc.js';
 import { openStore, type Layer, type LayerStore, type StoreOptions } from '../layers/index.js';
 import { ImageError } from './errors.js';
 import { openImageFiles, type ImageFiles } from './files.js';
-import { ownersMode, removeInRange, type Owners } from './owners.js';
+import { listInRange, ownersMode, removeInRange, type Owners } from './owners.js';
 import { compressionOfHead, readImagePlans, type ImagePlan, type ImageRunConfig } from './read.js';
 
 export interface ImageRecord {
@@ -75,7 +75,7 @@ export interface LayoutImportOptions extends ImportOptions {
 
 /** The store with the remover image layers of an unprivileged caller's range need (see owners.ts). */
 export function openImageStore(opts: StoreOptions = {}): Promise<LayerStore> {
-  return openStore({ ...opts, ...(ownersMode().owners === 'range' ? { removeForeign: removeInRange } : {}) });
+  return openStore({ ...opts, ...(ownersMode().owners === 'range' ? { removeForeign: removeInRange, listForeign: listInRange } : {}) });
 }
 
 
@@ -310,6 +310,8 @@ async function importPlan(store: LayerStore, files: ImageFiles, plan: ImagePlan,
     await store.unpin(work).catch(() => undefined);
     // Layers this import stored and nobody else uses go again: a refused image leaves nothing.
     for (const d of built) await store.remove(d).catch(() => undefined);
+    if (err instanceof Error && !(err instanceof MinisandboxError) && 'code' in err)
+      throw new ImageError(`${label}: ${err.message}`, { cause: err }); // a system call's failure (EACCES, ENOSPC...)
     throw adopt(err, ImageError);
   } finally {
     await store.unpin(work).catch(() => undefined);

@@ -5,6 +5,7 @@
  * lacks it, as Docker does), User (a name or uid[:gid], names looked up in
  * the image's own /etc/passwd and /etc/group), Entrypoint and Cmd.
  */
+import { randomBytes } from 'node:crypto';
 import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { adopt } from '../errors.js';
@@ -168,12 +169,38 @@ export async function imageProcessSettings(
 
 /** Sandbox options for an image's root: its layers (top first) plus the caller's, ids 'range' where it can. */
 function rootOptions(rec: ImageRecord, layers: string[], extra: string[] | undefined, settings: ImageProcessSettings): { root: { layers: string[] }; ids?: 'range'; mounts: Mount[] } {
-  const range = idRangeSupport().ok;
+  const support = idRangeSupport();
+  const range = support.ok;
   const label = `image ${rec.names[0] ?? rec.id.slice(0, 12)}`;
-  if (!range && (settings.user.uid !== 0 || settings.user.gid !== 0) && rec.owners !== 'squashed')
-    throw new ImageError(`${label}: runs as ${settings.user.uid}:${settings.user.gid}, which needs ids: 'range' (${idRangeSupport().ok ? '' : (idRangeSupport() as { reason: string }).reason})`);
+  // Only the caller's own id is mapped without a range: another user inside could not exist.
+  if (!support.ok && (settings.user.uid !== 0 || settings.user.gid !== 0))
+    throw new ImageError(`${label}: runs as ${settings.user.uid}:${settings.user.gid}, which needs ids: 'range' (${support.reason})`);
   const mounts: Mount[] = settings.makeCwd ? [{ type: 'dir', target: settings.cwd, mode: 0o755 }] : [];
   return { root: { layers: [...(extra ?? []), ...layers] }, ...(range ? { ids: 'range' as const } : {}), mounts };
+}
+
+/**
+ * Holds an image's layers while a sandbox uses them: a pin that counts
+ * while this process lives, dropped by the returned function. Without it,
+ * `image rm` and `gc` could delete the lower dirs of a running sandbox.
+ * Pinned before the layers' paths are taken, so gc cannot slip in between.
+ */
+async function holdLayers(store: LayerStore, rec: ImageRecord): Promise<{ layers: string[]; release: () => Promise<void> }> {
+  const owner = `image-sandbox:${rec.id}:${process.pid}:${randomBytes(6).toString('hex')}`;
+  try {
+    await store.hold(owner, rec.layers, { label: `sandbox of image ${rec.names[0] ?? rec.id.slice(0, 12)}` });
+  } catch (err) {
+    throw new ImageError(`image ${rec.names[0] ?? rec.id.slice(0, 12)}: its layers are not all in the store (${(err as Error).message}); import or pull it again`, { cause: err });
+  }
+  const release = async () => {
+    await store.unpin(owner).catch(() => undefined);
+  };
+  try {
+    return { layers: (await imageLayers(store, rec)).map((l) => l.path), release };
+  } catch (err) {
+    await release();
+    throw err;
+  }
 }
 
 /** A sandbox on an image, whose commands run as the image's user, in its working directory, with its environment. */
@@ -182,6 +209,7 @@ export class ImageSandbox implements AsyncDisposable {
     readonly sandbox: Sandbox,
     readonly image: ImageRecord,
     readonly settings: ImageProcessSettings,
+    private readonly release: () => Promise<void> = async () => undefined,
   ) {}
 
   get id(): string {
@@ -202,8 +230,12 @@ export class ImageSandbox implements AsyncDisposable {
     return this.sandbox.spawn(cmd, this.defaults(opts));
   }
 
-  close(): Promise<void> {
-    return this.sandbox.close();
+  async close(): Promise<void> {
+    try {
+      await this.sandbox.close();
+    } finally {
+      await this.release();
+    }
   }
 
   async [Symbol.asyncDispose](): Promise<void> {
@@ -218,13 +250,14 @@ export class ImageSandbox implements AsyncDisposable {
 export async function createImageSandbox(store: LayerStore, ref: string, opts: ImageSandboxOptions = {}): Promise<ImageSandbox> {
   const { env, workdir, user, layers: extra, mounts = [], ...rest } = opts;
   const rec = await getImage(store, ref);
-  const layers = (await imageLayers(store, rec)).map((l) => l.path);
-  const settings = await imageProcessSettings(rec, layers, { ...(env ? { env } : {}), ...(workdir ? { workdir } : {}), ...(user ? { user } : {}) });
-  const root = rootOptions(rec, layers, extra, settings);
+  const { layers, release } = await holdLayers(store, rec);
   try {
+    const settings = await imageProcessSettings(rec, layers, { ...(env ? { env } : {}), ...(workdir ? { workdir } : {}), ...(user ? { user } : {}) });
+    const root = rootOptions(rec, layers, extra, settings);
     const sandbox = await Sandbox.create({ ...root, ...rest, mounts: [...root.mounts, ...mounts], env: settings.env, cwd: settings.cwd });
-    return new ImageSandbox(sandbox, rec, settings);
+    return new ImageSandbox(sandbox, rec, settings, release);
   } catch (err) {
+    await release();
     throw adopt(err, ImageError);
   }
 }
@@ -255,11 +288,11 @@ export function imageCommand(rec: ImageRecord, argv?: string[], entrypoint?: str
 export async function runImage(store: LayerStore, ref: string, argv?: string[], opts: RunImageOptions = {}): Promise<RunResult<string>> {
   const { env, workdir, user, layers: extra, entrypoint, mounts = [], ...rest } = opts;
   const rec = await getImage(store, ref);
-  const layers = (await imageLayers(store, rec)).map((l) => l.path);
-  const settings = await imageProcessSettings(rec, layers, { ...(env ? { env } : {}), ...(workdir ? { workdir } : {}), ...(user ? { user } : {}) });
-  const root = rootOptions(rec, layers, extra, settings);
   const command = imageCommand(rec, argv, entrypoint);
+  const { layers, release } = await holdLayers(store, rec);
   try {
+    const settings = await imageProcessSettings(rec, layers, { ...(env ? { env } : {}), ...(workdir ? { workdir } : {}), ...(user ? { user } : {}) });
+    const root = rootOptions(rec, layers, extra, settings);
     return await run({
       ...root,
       ...rest,
@@ -273,5 +306,7 @@ export async function runImage(store: LayerStore, ref: string, argv?: string[], 
     });
   } catch (err) {
     throw adopt(err, ImageError);
+  } finally {
+    await release();
   }
 }

@@ -20,7 +20,7 @@ export {
   type LayerCheck,
 } from './store.js';
 export type { Pin, PinOptions, PinRequest } from './pins.js';
-export { describeProblem, type LayerProblem } from './verify.js';
+export { describeProblem, type LayerProblem, type ListingEntry } from './verify.js';
 export { IoBudget, type BudgetOptions, type BudgetTicket, type BudgetProgress, type BudgetUsage } from './budget.js';
 export { dedupTree, gcObjects, type DedupOptions, type DedupResult } from './dedup.js';
 export { normalizeTimes, LAYER_EPOCH, type NormalizeResult } from './times.js';

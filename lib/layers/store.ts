@@ -14,7 +14,7 @@ import { dedupTree, gcObjects, type DedupOptions, type DedupResult } from './ded
 import { LayerError } from './errors.js';
 import { checkOwner, isLive, pinRequest, readPin, readPins, removePin, withPinsLock, writePin, type Pin, type PinOptions, type PinRequest } from './pins.js';
 import { scanForPrefix, type PrefixFile } from './relocate.js';
-import { LISTING_FILE, compareListings, treeListing, type HashCache, type LayerProblem, type ListingEntry } from './verify.js';
+import { LISTING_FILE, compareListings, listingText, treeListing, type HashCache, type LayerProblem, type ListingEntry, type ListingResult } from './verify.js';
 
 /**
  * Content-addressed store of read-only layer trees.
@@ -102,6 +102,13 @@ export interface StoreOptions {
    * in an `ids: 'range'` sandbox.
    */
   removeForeign?: (dir: string) => Promise<void>;
+  /**
+   * The listing (see verify.ts) of such a tree, which the caller cannot
+   * read itself: used to record and verify image layers stored with owners
+   * 'range'. The images room provides one that reads the tree from an
+   * `ids: 'range'` sandbox.
+   */
+  listForeign?: (tree: string) => Promise<ListingEntry[]>;
 }
 
 /** A container image layer for addImageLayer. */
@@ -204,7 +211,7 @@ export async function openStore(opts: StoreOptions = {}): Promise<LayerStore> {
   if (opts.budget instanceof IoBudget) budget = opts.budget;
   else if (opts.budget !== false) budget = new IoBudget({ ...(opts.budget ?? {}), dir: path.join(root, 'budget') });
   const dedup = opts.dedup === false ? undefined : opts.dedup === true || opts.dedup === undefined ? {} : opts.dedup;
-  return new LayerStore(root, budget, dedup, opts.lockTimeoutMs, opts.removeForeign);
+  return new LayerStore(root, budget, dedup, opts.lockTimeoutMs, opts.removeForeign, opts.listForeign);
 }
 
 type Builder = (tree: string, ticketProgress: (done: number) => void) => Promise<void>;
@@ -226,7 +233,14 @@ export class LayerStore {
     private readonly dedupOpts: DedupOptions | undefined,
     private readonly lockTimeoutMs: number | undefined,
     private readonly removeForeign?: (dir: string) => Promise<void>,
+    private readonly listForeign?: (tree: string) => Promise<ListingEntry[]>,
   ) {}
+
+  /** The listing of an image layer's tree, read where its owners' files can be read. */
+  private async imageListing(tree: string, owners: string | undefined, cache?: HashCache): Promise<ListingResult> {
+    if (owners !== 'range' || !this.listForeign) return treeListing(tree, cache ? { cache } : {});
+    return listingText(await this.listForeign(tree));
+  }
 
   /** Delete a tree under the store, through removeForeign when the caller's own rights do not reach. */
   private async removeTree(dir: string): Promise<void> {
@@ -420,6 +434,27 @@ export class LayerStore {
     }
   }
 
+  /**
+   * A pin of work in progress (it counts while this process lives) on
+   * layers that are already in the store, for readers of them such as a
+   * running sandbox: made under the pins lock alone, without the layers'
+   * build locks that pin() takes (one lock instead of one per layer: this
+   * is on the path of every sandbox start). It is safe all the same: gc
+   * and remove() decide under the pins lock too, so a layer found here is
+   * either kept by the pin or was already gone (an error naming it).
+   * Dropped with unpin(owner).
+   */
+  async hold(owner: string, digests: Iterable<string>, opts: { label?: string } = {}): Promise<Pin> {
+    checkOwner(owner);
+    const names = [...new Set([...digests].map(normalizeDigest))].sort();
+    return withPinsLock(this.root, async () => {
+      for (const d of names) if (!(await this.get(d))) throw new LayerError(`hold ${JSON.stringify(owner)}: layer ${d} is not in the store ${this.root}`);
+      const pin: Pin = { owner, label: opts.label ?? owner, digests: names, updated: new Date().toISOString(), process: { pid: process.pid, startTime: selfStartTime() } };
+      await writePin(this.root, pin);
+      return pin;
+    });
+  }
+
   /** Drops `owner`'s pin: its layers go at the next gc unless another pin keeps them. False if it had none. */
   async unpin(owner: string): Promise<boolean> {
     checkOwner(owner);
@@ -439,7 +474,7 @@ export class LayerStore {
     if (src.kind === 'image-layer') {
       // Modes as the image has them and no dedup (see addImageLayer); the
       // tree is only ever mounted read-only, as a lower dir.
-      const listing = await treeListing(tree);
+      const listing = await this.imageListing(tree, src.owners);
       return {
         manifest: {
           version: 1,
@@ -529,26 +564,38 @@ export class LayerStore {
     const d = normalizeDigest(digest);
     const lock = await this.lockLayer(d, `remove layer ${d}`);
     try {
-      const users = (await this.pins()).filter((p) => p.digests.includes(d)).map((p) => p.label);
-      if (users.length > 0) throw new LayerError(`remove layer ${d}: in use by ${users.join('; ')}; unpin it first`);
-      return await this.removeLocked(d);
+      // Decided under the pins lock too, as gc does: hold() pins without the layer's lock.
+      const trash = await withPinsLock(this.root, async () => {
+        const users = (await this.pins()).filter((p) => p.digests.includes(d)).map((p) => p.label);
+        if (users.length > 0) throw new LayerError(`remove layer ${d}: in use by ${users.join('; ')}; unpin it first`);
+        return this.moveToTrash(d);
+      });
+      if (trash === undefined) return false;
+      await this.removeTree(trash);
+      return true;
     } finally {
       await lock.release();
     }
   }
 
   private async removeLocked(d: string): Promise<boolean> {
-    const trash = path.join(this.root, 'staging', `trash-${d}.${process.pid}-${selfStartTime()}.${randomBytes(4).toString('hex')}`);
-    try {
-      // One rename makes the layer disappear atomically; then delete at leisure.
-      // (A symlink planted at layers/<d> is moved and unlinked, never followed.)
-      await fsp.rename(this.layerDir(d), trash);
-    } catch (err) {
-      if (codeOf(err) === 'ENOENT') return false;
-      throw new LayerError(`remove layer ${d}: ${(err as Error).message}`, { cause: err });
-    }
+    const trash = await this.moveToTrash(d);
+    if (trash === undefined) return false;
     await this.removeTree(trash);
     return true;
+  }
+
+  /** One rename makes the layer disappear atomically (deleted at leisure); undefined if it was not there. */
+  private async moveToTrash(d: string): Promise<string | undefined> {
+    const trash = path.join(this.root, 'staging', `trash-${d}.${process.pid}-${selfStartTime()}.${randomBytes(4).toString('hex')}`);
+    try {
+      // (A symlink planted at layers/<d> is moved and unlinked, never followed.)
+      await fsp.rename(this.layerDir(d), trash);
+      return trash;
+    } catch (err) {
+      if (codeOf(err) === 'ENOENT') return undefined;
+      throw new LayerError(`remove layer ${d}: ${(err as Error).message}`, { cause: err });
+    }
   }
 
   /**
@@ -652,7 +699,8 @@ export class LayerStore {
         recorded = text.split('\n').filter(Boolean).map((l) => JSON.parse(l) as ListingEntry);
       }
     }
-    const now = await treeListing(layer.path, { cache }).catch((err: unknown) => {
+    const listed = m.sourceKind === 'image-layer' ? this.imageListing(layer.path, m.owners, cache) : treeListing(layer.path, { cache });
+    const now = await listed.catch((err: unknown) => {
       check.problems.push({ path: '.', what: 'unreadable', actual: (err as Error).message });
       return undefined;
     });

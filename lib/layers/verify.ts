@@ -67,6 +67,19 @@ export async function treeListing(tree: string, opts: { known?: Map<string, stri
   return { entries, text: entries.map((e) => `${JSON.stringify(e)}\n`).join(''), files, bytes };
 }
 
+/** A listing made elsewhere (entries in walk order), with its text and counts as treeListing gives them. */
+export function listingText(entries: ListingEntry[]): ListingResult {
+  let files = 0;
+  let bytes = 0;
+  for (const e of entries) {
+    if (e[1] === 'f') {
+      files++;
+      bytes += e[3];
+    }
+  }
+  return { entries, text: entries.map((e) => `${JSON.stringify(e)}\n`).join(''), files, bytes };
+}
+
 /** One difference between a layer as built and as it is now. */
 export interface LayerProblem {
   /** Path in the tree ('.' for its root), or the store file at fault (manifest.json, listing.jsonl). */

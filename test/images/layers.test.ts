@@ -7,8 +7,10 @@ import { execFileSync } from 'node:child_process';
 import { lstatSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { ImageError, getImage, importImage, listImages, removeImage, runImage } from '../../lib/images/index.js';
+import { ImageError, createImageSandbox, getImage, importImage, listImages, removeImage, runImage } from '../../lib/images/index.js';
 import type { LayerStore } from '../../lib/layers/index.js';
+import { listInRange } from '../../lib/images/owners.js';
+import { treeListing } from '../../lib/layers/verify.js';
 import { idRangeSupport } from '../../lib/sandbox/index.js';
 import { writeDockerSave, writeOciLayout, type HandImage, type TarEntry } from './build.js';
 import { EMPTY, storeIsEmpty, tempStore } from './helpers.js';
@@ -107,6 +109,25 @@ describe('image layers made by hand', () => {
     expect((await runImage(store, 'hand', ['/bin/cat', '/data/dir/new'], { mounts: usr })).stdout).toBe('new\n');
   });
 
+  it('reads a gzip-compressed archive (unpacked once in staging, removed after)', async () => {
+    const dir = join(t.dir, 'img');
+    const { id } = writeDockerSave(dir, { layers: [BASE, TOP] });
+    execFileSync('tar', ['-czf', join(t.dir, 'img.tar.gz'), '-C', dir, '.']);
+    const [rec] = await importImage(store, join(t.dir, 'img.tar.gz'));
+    expect(rec!.id).toBe(id);
+    expect((await storeIsEmpty(store)).staging).toEqual([]);
+  });
+
+  it('stops when aborted, leaving nothing', async () => {
+    const dir = join(t.dir, 'img');
+    writeDockerSave(dir, { layers: [BASE, [{ name: 'big', data: Buffer.alloc(48 << 20, 1) }]] });
+    const ac = new AbortController();
+    const err = await importImage(store, dir, { signal: ac.signal, onProgress: (p) => p.layer === 2 && p.done > 0 && ac.abort() }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ImageError);
+    expect((err as Error).message).toMatch(/aborted/);
+    expect(await storeIsEmpty(store)).toEqual(EMPTY);
+  });
+
   async function importLayout(dir: string) {
     const { importLayout: imp } = await import('../../lib/images/index.js');
     return imp(store, dir);
@@ -127,6 +148,31 @@ describe('image layers made by hand', () => {
     await expect(getImage(store, 'b:1')).rejects.toThrow(/no such image/);
     expect((await store.gc()).removedLayers.length).toBe(2);
     expect(await storeIsEmpty(store)).toEqual(EMPTY);
+  });
+
+  it('keeps the layers of a running sandbox through image rm and gc, and lets them go when it closes', async () => {
+    const dir = join(t.dir, 'img');
+    writeDockerSave(dir, { layers: [BASE, TOP] });
+    const [rec] = await importImage(store, dir);
+    const sb = await createImageSandbox(store, rec!.id, { mounts: usr });
+    try {
+      await removeImage(store, rec!.id);
+      expect((await store.gc()).removedLayers).toEqual([]);
+      expect((await sb.exec(['/bin/cat', '/data/dir/new'])).stdout).toBe('new\n');
+    } finally {
+      await sb.close();
+    }
+    expect((await store.gc()).removedLayers.length).toBe(2);
+    expect(await storeIsEmpty(store)).toEqual(EMPTY);
+  });
+
+  it('imports one image twice at once: one copy of each layer, one record', async () => {
+    const dir = join(t.dir, 'img');
+    writeDockerSave(dir, { layers: [BASE, TOP] });
+    const [a, b] = await Promise.all([importImage(store, dir), importImage(store, dir)]);
+    expect(a![0]!.id).toBe(b![0]!.id);
+    expect((await store.list()).length).toBe(2);
+    expect((await listImages(store)).length).toBe(1);
   });
 
   it('refuses a tampered layer (diffID mismatch) and removes the layers it had stored', async () => {
@@ -178,5 +224,36 @@ describe('image layers made by hand', () => {
     const [rec] = await importImage(store, dir);
     expect(rec!.owners).toBe(process.getuid?.() === 0 ? 'kept' : 'range');
     expect((await runImage(store, rec!.id, ['/bin/stat', '-c', '%u:%g', '/data/owned'], { mounts: usr })).stdout).toBe('1234:4321\n');
+  });
+
+  it.skipIf(!idRangeSupport().ok)('lists a tree from an ids: range sandbox exactly as the store lists it', async () => {
+    const dir = join(t.dir, 'img');
+    const { diffIds } = writeDockerSave(dir, { layers: [BASE, TOP] });
+    await importImage(store, dir);
+    for (const d of diffIds) {
+      const layer = (await store.get(d))!;
+      expect(await listInRange(layer.path)).toEqual((await treeListing(layer.path)).entries);
+    }
+  });
+
+  it.skipIf(!idRangeSupport().ok)("stores and verifies files and directories of other users that only they may read (apt's partial/, a 0600 key)", async () => {
+    const dir = join(t.dir, 'img');
+    writeDockerSave(dir, {
+      layers: [
+        BASE,
+        [
+          { name: 'data/partial/', type: '5', mode: 0o700, uid: 42, gid: 0 },
+          { name: 'data/partial/f', data: 'p\n', mode: 0o600, uid: 42, gid: 0 },
+          { name: 'data/key', data: 'k\n', mode: 0o600, uid: 1000, gid: 1000 },
+        ],
+      ],
+    });
+    const [rec] = await importImage(store, dir);
+    expect((await store.verify()).map((c) => c.status)).toEqual(['ok', 'ok']);
+    expect((await runImage(store, rec!.id, ['/bin/sh', '-c', 'stat -c "%a %u %n" /data/partial /data/partial/f /data/key; cat /data/key'], { mounts: usr })).stdout).toBe(
+      '700 42 /data/partial\n600 42 /data/partial/f\n600 1000 /data/key\nk\n',
+    );
+    await removeImage(store, rec!.id);
+    expect((await store.gc()).removedLayers.length).toBe(2);
   });
 });

@@ -177,6 +177,21 @@ with tarfile.open(sys.argv[1],'w') as tf:
     expect(readdirSync(path.join(root, 'layers'))).toEqual([]);
   });
 
+  it('hold: a reader pin (this process only) keeps layers through gc and remove, unpin lets them go; a missing layer is refused', async () => {
+    const root = path.join(t.dir, 'store-hold');
+    const store = await openStore({ root });
+    const dir = path.join(t.dir, 'hold-src');
+    writeTree(dir, { 'h.txt': 'h' });
+    const a = await store.addDirectory(dir);
+    const pin = await store.hold('reader 1', [a.digest], { label: 'a reader' });
+    expect(pin.process?.pid).toBe(process.pid);
+    expect((await store.gc()).removedLayers).toEqual([]);
+    await expect(store.remove(a.digest)).rejects.toThrow(`remove layer ${a.digest}: in use by a reader; unpin it first`);
+    await expect(store.hold('reader 2', ['0'.repeat(64)])).rejects.toThrow(`hold "reader 2": layer ${'0'.repeat(64)} is not in the store ${root}`);
+    expect(await store.unpin('reader 1')).toBe(true);
+    expect((await store.gc()).removedLayers).toEqual([a.digest]);
+  });
+
   it('gc removes staging dirs of dead processes only', async () => {
     const root = path.join(t.dir, 'store-gc');
     const store = await openStore({ root });
