@@ -11,14 +11,30 @@ export interface TreeEntry {
   st: BigIntStats;
 }
 
+export interface WalkOptions {
+  /**
+   * A directory below the root this user may not list (an image layer's
+   * directory only its owner may read) is reported here and skipped,
+   * instead of failing the walk.
+   */
+  onUnreadable?: (rel: string) => void;
+}
+
 /**
  * Depth-first walk that never follows symlinks (lstat only), entries in
  * byte-sorted order so listings are reproducible. Directories are yielded
  * before their contents.
  */
-export async function* walkTree(root: string, rel = ''): AsyncGenerator<TreeEntry> {
+export async function* walkTree(root: string, rel = '', opts: WalkOptions = {}): AsyncGenerator<TreeEntry> {
   const dir = rel === '' ? root : path.join(root, rel);
-  const names = await fsp.readdir(dir);
+  let names: string[];
+  try {
+    names = await fsp.readdir(dir);
+  } catch (err) {
+    if (!opts.onUnreadable || rel === '' || codeOf(err) !== 'EACCES') throw err;
+    opts.onUnreadable(rel);
+    return;
+  }
   names.sort((a, b) => (Buffer.compare(Buffer.from(a), Buffer.from(b))));
   // lstat a directory's entries concurrently (the thread pool overlaps the
   // syscalls), then yield them in order.
@@ -29,7 +45,7 @@ export async function* walkTree(root: string, rel = ''): AsyncGenerator<TreeEntr
   });
   for (const e of entries) {
     yield e;
-    if (e.st.isDirectory()) yield* walkTree(root, e.rel);
+    if (e.st.isDirectory()) yield* walkTree(root, e.rel, opts);
   }
 }
 

@@ -157,6 +157,12 @@ export interface DiskUsage {
   /** File blocks not stored twice thanks to dedup (per-name minus per-inode file blocks). */
   savedBytes: number;
   objects: number;
+  /**
+   * Directories not counted because this user may not list them: in an
+   * unprivileged caller's image layers, directories only an image user
+   * may read (apt's partial/); the figures leave out what they hold.
+   */
+  unreadableDirs: number;
 }
 
 export interface GcOptions {
@@ -716,7 +722,8 @@ export class LayerStore {
 
   /** Apparent size, real disk use (each inode once) and what dedup saves. */
   async du(): Promise<DiskUsage> {
-    const usage: DiskUsage = { layers: 0, apparentBytes: 0, diskBytes: 0, undedupedDiskBytes: 0, savedBytes: 0, objects: 0 };
+    const usage: DiskUsage = { layers: 0, apparentBytes: 0, diskBytes: 0, undedupedDiskBytes: 0, savedBytes: 0, objects: 0, unreadableDirs: 0 };
+    const unreadable = { onUnreadable: () => void usage.unreadableDirs++ };
     const seen = new Set<string>();
     const fileInodes = new Set<string>();
     let fileBlocksPerName = 0;
@@ -729,7 +736,7 @@ export class LayerStore {
     };
     for (const layer of await this.list()) {
       usage.layers++;
-      for await (const e of walkTree(layer.path)) {
+      for await (const e of walkTree(layer.path, '', unreadable)) {
         const blocks = Number(e.st.blocks) * 512;
         usage.undedupedDiskBytes += blocks;
         if (e.st.isFile()) {

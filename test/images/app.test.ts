@@ -93,6 +93,15 @@ describe.skipIf(f.skip)('the app image (docker save), imported', () => {
     expect((await runImage(store, IMAGES.app, ['stat', '-c', '%a %n', '/usr/share/doc/README', '/etc/passwd-'])).stdout).toBe('644 /usr/share/doc/README\n644 /etc/passwd-\n');
   });
 
+  it('store du counts the image layers, and says which directories it could not read', async () => {
+    const du = await store.du();
+    expect(du.layers).toBe(2);
+    expect(du.apparentBytes).toBeGreaterThan(50 * 1024 * 1024);
+    // apt's partial/ (0700, owned by _apt): an unprivileged caller's range maps it to a subordinate id it cannot read as.
+    if (process.getuid?.() === 0) expect(du.unreadableDirs).toBe(0);
+    else expect(du.unreadableDirs).toBeGreaterThan(0);
+  });
+
   it('the OCI layout of the same image reuses its layers; app2 stores only its own layer', async () => {
     const before = (await store.list()).map((l) => l.digest);
     const oci = await importImage(store, f.appOci, { names: ['app-oci:1'] });

@@ -100,7 +100,7 @@ const du: Command = {
   async run(args) {
     const store = await open(args);
     const du = await store.du();
-    print(args, du, `${du.layers} layers, ${du.objects} shared file objects\napparent ${formatBytes(du.apparentBytes)}, on disk ${formatBytes(du.diskBytes)}; deduplication saves ${formatBytes(du.savedBytes)} (files stored once for every layer that holds them)\nstore: ${store.root}\n`);
+    print(args, du, `${du.layers} layers, ${du.objects} shared file objects\napparent ${formatBytes(du.apparentBytes)}, on disk ${formatBytes(du.diskBytes)}; deduplication saves ${formatBytes(du.savedBytes)} (files stored once for every layer that holds them)\n${du.unreadableDirs ? `not counted: ${du.unreadableDirs} directories of image layers that only their image's users may read\n` : ''}store: ${store.root}\n`);
     return 0;
   },
 };
