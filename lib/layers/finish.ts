@@ -131,7 +131,15 @@ function sortNames(names: string[]): string[] {
     .map(([, n]) => n);
 }
 
-function workerMain(): void {
+/** What WORKER_SOURCE hands to workerMain (parameters, not module bindings: a bundler's transform may rename imports inside the function). */
+interface WorkerHelpers {
+  findPrefix: typeof findPrefix;
+  isPyc: typeof isPyc;
+  finalMode: typeof finalMode;
+  sortNames: typeof sortNames;
+}
+
+function workerMain({ findPrefix, isPyc, finalMode, sortNames }: WorkerHelpers): void {
   const fs = require('node:fs') as typeof import('node:fs');
   const path = require('node:path') as typeof import('node:path');
   const crypto = require('node:crypto') as typeof import('node:crypto');
@@ -291,14 +299,15 @@ function workerMain(): void {
   });
 }
 
-// relocate.ts's own matcher, so the scan finds exactly what scanForPrefix finds.
+// relocate.ts's own matcher and .pyc rule, so the scan finds exactly what
+// scanForPrefix finds, and the functions the main thread uses for modes and order.
 const WORKER_SOURCE = `'use strict';
 const PATH_CHAR = ${PATH_CHAR.toString()};
 ${findPrefix.toString()}
 ${isPyc.toString()}
 ${finalMode.toString()}
 ${sortNames.toString()}
-(${workerMain.toString()})();
+(${workerMain.toString()})({ findPrefix, isPyc, finalMode, sortNames });
 `;
 
 // ---------------------------------------------------------------------------
