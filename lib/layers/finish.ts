@@ -78,9 +78,9 @@ export async function finishTreeByWalks(tree: string, opts: FinishOptions): Prom
 
 // ---------------------------------------------------------------------------
 // The worker's side. workerMain runs in the worker from its source text (see
-// WORKER_SOURCE), so it uses nothing of this module but what it require()s
-// and the helpers WORKER_SOURCE defines before it; the same source runs
-// whether this module was compiled by tsc or is run by vitest from lib/.
+// WORKER_SOURCE), so it uses nothing of this module but its parameters: the
+// same source runs whether this module was compiled by tsc, is run by vitest
+// from lib/ or was bundled, with no worker file to find next to it.
 
 /**
  * One entry of a directory: name, mode, size, mtime ns, uid, gid, ino, dev
@@ -88,9 +88,13 @@ export async function finishTreeByWalks(tree: string, opts: FinishOptions): Prom
  * content sha256 or a symlink's target ('' for anything else), and the kind
  * of prefix match found ('' for none or no scan).
  */
-type Row = [string, number, number, string, number, number, string, string, string, PrefixFileKind | ''];
-/** Link one file to its dedup object: rel, key, ino, dev, size. */
-type LinkJob = [string, string, string, string, number];
+type Row = [string, number, number, string, number, number, string, string, string, PrefixFileKind | '', WireError?];
+/** A directory's rows, or why it could not be listed. */
+type DirResult = Row[] | { error: WireError };
+/** Link one file to its dedup object: rel, key, ino, dev, size, its index in walk order. */
+type LinkJob = [string, string, string, string, number, number];
+/** A link shard's counts, and its failure with the walk index of the file it failed on. */
+type LinkResult = DedupResult & { failed?: { at: number; error: WireError } };
 
 type Request =
   | { op: 'dirs'; root: string; prefix: string | undefined; dirs: string[] }
@@ -133,17 +137,17 @@ function sortNames(names: string[]): string[] {
 
 /** What WORKER_SOURCE hands to workerMain (parameters, not module bindings: a bundler's transform may rename imports inside the function). */
 interface WorkerHelpers {
+  fs: typeof import('node:fs');
+  path: typeof import('node:path');
+  crypto: typeof import('node:crypto');
+  parentPort: import('node:worker_threads').MessagePort;
   findPrefix: typeof findPrefix;
   isPyc: typeof isPyc;
   finalMode: typeof finalMode;
   sortNames: typeof sortNames;
 }
 
-function workerMain({ findPrefix, isPyc, finalMode, sortNames }: WorkerHelpers): void {
-  const fs = require('node:fs') as typeof import('node:fs');
-  const path = require('node:path') as typeof import('node:path');
-  const crypto = require('node:crypto') as typeof import('node:crypto');
-  const { parentPort } = require('node:worker_threads') as typeof import('node:worker_threads');
+function workerMain({ fs, path, crypto, parentPort, findPrefix, isPyc, finalMode, sortNames }: WorkerHelpers): void {
   let buf = Buffer.allocUnsafe(1 << 20);
 
   class WorkerLayerError extends Error {}
@@ -200,35 +204,61 @@ function workerMain({ findPrefix, isPyc, finalMode, sortNames }: WorkerHelpers):
   // A directory's entries in walk order, each lstat'ed, each file given its
   // final mode and read once (content hash, prefix scan), each symlink read.
   // scanForPrefix's rules: symlinks are always scanned, .pyc files never.
-  const dirs = (root: string, prefix: string | undefined, rels: string[]): Row[][] => {
+  // A directory's entries in walk order, each lstat'ed, each file given its
+  // final mode and read once (content hash, prefix scan), each symlink read.
+  // scanForPrefix's rules: symlinks are always scanned, .pyc files never.
+  // Failures are returned, not thrown, so that the caller reports the first
+  // in walk order, whichever worker met it first (see finishTree).
+  const dirs = (root: string, prefix: string | undefined, rels: string[]): DirResult[] => {
     const needle = prefix === undefined ? undefined : Buffer.from(prefix);
-    return rels.map((rel) => {
+    return rels.map((rel): DirResult => {
       const dir = rel === '' ? root : path.join(root, rel);
-      return sortNames(fs.readdirSync(dir)).map((name): Row => {
+      let listed: Array<[string, import('node:fs').BigIntStats]>;
+      try {
+        listed = sortNames(fs.readdirSync(dir)).map((name) => [name, fs.lstatSync(path.join(dir, name), { bigint: true })]);
+      } catch (err) {
+        return { error: wire(err) };
+      }
+      return listed.map(([name, st]): Row => {
         const abs = path.join(dir, name);
-        const st = fs.lstatSync(abs, { bigint: true });
         const mode = Number(st.mode);
         let content = '';
         let found: PrefixFileKind | '' = '';
-        if ((mode & 0o170000) === 0o100000) {
-          [content, found] = readFile(abs, mode, isPyc(name) ? undefined : needle);
-        } else if ((mode & 0o170000) === 0o120000) {
-          content = fs.readlinkSync(abs);
-          if (needle && findPrefix(fs.readlinkSync(abs, { encoding: 'buffer' }), needle, 0) !== -1) found = 'symlink';
+        let error: WireError | undefined;
+        try {
+          if ((mode & 0o170000) === 0o100000) {
+            [content, found] = readFile(abs, mode, isPyc(name) ? undefined : needle);
+          } else if ((mode & 0o170000) === 0o120000) {
+            content = fs.readlinkSync(abs);
+            if (needle && findPrefix(fs.readlinkSync(abs, { encoding: 'buffer' }), needle, 0) !== -1) found = 'symlink';
+          }
+        } catch (err) {
+          error = wire(err);
         }
-        return [name, mode, Number(st.size), st.mtimeNs.toString(), Number(st.uid), Number(st.gid), st.ino.toString(), st.dev.toString(), content, found];
+        const row: Row = [name, mode, Number(st.size), st.mtimeNs.toString(), Number(st.uid), Number(st.gid), st.ino.toString(), st.dev.toString(), content, found];
+        if (error) row.push(error);
+        return row;
       });
     });
   };
 
   // dedup.ts's dedupTree, one file at a time in the given order, with sync
   // calls: the same link/rename protocol, errors and counts.
-  const link = (root: string, objectsDir: string, maxLinksN: number, jobs: LinkJob[]): { files: number; linked: number; savedBytes: number } => {
-    const maxLinks = BigInt(maxLinksN);
-    const result = { files: 0, linked: 0, savedBytes: 0 };
+  const link = (root: string, objectsDir: string, maxLinks: number, jobs: LinkJob[]): LinkResult => {
+    const result: LinkResult = { files: 0, linked: 0, savedBytes: 0 };
+    let at = -1;
+    try {
+      linkAll(root, objectsDir, BigInt(maxLinks), jobs, result, (i) => (at = i));
+    } catch (err) {
+      result.failed = { at, error: wire(err) };
+    }
+    return result;
+  };
+  const linkAll = (root: string, objectsDir: string, maxLinks: bigint, jobs: LinkJob[], result: DedupResult, onFile: (index: number) => void): void => {
     const seenInodes = new Set<string>();
     const madeDirs = new Set<string>();
-    for (const [rel, key, inoS, devS, size] of jobs) {
+    for (const [rel, key, inoS, devS, size, index] of jobs) {
+      onFile(index);
       const abs = path.join(root, rel);
       const ino = BigInt(inoS);
       const dev = BigInt(devS);
@@ -275,7 +305,6 @@ function workerMain({ findPrefix, isPyc, finalMode, sortNames }: WorkerHelpers):
         break;
       }
     }
-    return result;
   };
 
   const chmodDirs = (root: string, dirs: Array<[string, number]>): void => {
@@ -284,7 +313,7 @@ function workerMain({ findPrefix, isPyc, finalMode, sortNames }: WorkerHelpers):
     fs.chmodSync(root, st.mode & 0o7777 & ~0o222);
   };
 
-  parentPort!.on('message', (msg: Request & { id: number }) => {
+  parentPort.on('message', (msg: Request & { id: number }) => {
     let reply: Reply;
     try {
       const ok =
@@ -295,19 +324,22 @@ function workerMain({ findPrefix, isPyc, finalMode, sortNames }: WorkerHelpers):
     } catch (err) {
       reply = { id: msg.id, error: wire(err) };
     }
-    parentPort!.postMessage(reply);
+    parentPort.postMessage(reply);
   });
 }
 
 // relocate.ts's own matcher and .pyc rule, so the scan finds exactly what
 // scanForPrefix finds, and the functions the main thread uses for modes and order.
-const WORKER_SOURCE = `'use strict';
+const WORKER_SOURCE = `import fs from 'node:fs';
+import path from 'node:path';
+import crypto from 'node:crypto';
+import { parentPort } from 'node:worker_threads';
 const PATH_CHAR = ${PATH_CHAR.toString()};
 ${findPrefix.toString()}
 ${isPyc.toString()}
 ${finalMode.toString()}
 ${sortNames.toString()}
-(${workerMain.toString()})({ findPrefix, isPyc, finalMode, sortNames });
+(${workerMain.toString()})({ fs, path, crypto, parentPort, findPrefix, isPyc, finalMode, sortNames });
 `;
 
 // ---------------------------------------------------------------------------
@@ -328,7 +360,8 @@ class PoolWorker {
   dead = false;
 
   constructor(private readonly onIdle: () => void) {
-    this.worker = new Worker(WORKER_SOURCE, { eval: true, name: 'minisandbox-finish' });
+    // A data: URL is always an ES module, whatever --input-type the process was started with (eval: true would follow it).
+    this.worker = new Worker(new URL(`data:text/javascript,${encodeURIComponent(WORKER_SOURCE)}`), { name: 'minisandbox-finish' });
     this.worker.unref();
     this.worker.on('message', (r: Reply) => {
       const p = this.pending.get(r.id);
@@ -422,7 +455,7 @@ export async function finishTree(tree: string, opts: FinishOptions): Promise<Fin
   // Directories are read by whichever worker is free (two messages in
   // flight each, so none waits on the main thread); each result queues the
   // subdirectories it found. The order of the walk is rebuilt afterwards.
-  const rows = new Map<string, Row[]>();
+  const rows = new Map<string, DirResult>();
   const queue: string[] = [''];
   let inFlight = 0;
   let failed = false;
@@ -442,14 +475,14 @@ export async function finishTree(tree: string, opts: FinishOptions): Promise<Fin
       const dirs = queue.splice(queue.length - take, take);
       inFlight++;
       try {
-        const got = await w.call<Row[][]>({ op: 'dirs', root: tree, prefix: opts.prefix, dirs });
+        const got = await w.call<DirResult[]>({ op: 'dirs', root: tree, prefix: opts.prefix, dirs });
         dirs.forEach((rel, k) => {
           const list = got[k]!;
           rows.set(rel, list);
-          for (const r of list) if ((r[1] & S_IFMT) === S_IFDIR) queue.push(rel === '' ? r[0] : `${rel}/${r[0]}`);
+          if (Array.isArray(list)) for (const r of list) if ((r[1] & S_IFMT) === S_IFDIR) queue.push(rel === '' ? r[0] : `${rel}/${r[0]}`);
         });
       } catch (err) {
-        failed = true;
+        failed = true; // the worker itself failed: stop
         throw err;
       } finally {
         inFlight--;
@@ -460,30 +493,40 @@ export async function finishTree(tree: string, opts: FinishOptions): Promise<Fin
   await Promise.all(ws.flatMap((w) => [loop(w), loop(w)]));
 
   // The walk's order: a directory's entries in name order, each directory
-  // followed by its contents.
+  // followed by its contents. A failure is reported as the reference path
+  // would meet it: the first directory that could not be listed in walk
+  // order, else the first entry that could not be read.
   const entries: Array<{ rel: string; row: Row }> = [];
   const visit = (rel: string): void => {
-    for (const row of rows.get(rel)!) {
+    const list = rows.get(rel)!;
+    if (!Array.isArray(list)) throw unwire(list.error);
+    for (const row of list) {
       const child = rel === '' ? row[0] : `${rel}/${row[0]}`;
       entries.push({ rel: child, row });
       if ((row[1] & S_IFMT) === S_IFDIR) visit(child);
     }
   };
   visit('');
+  const unread = entries.find((e) => e.row[10] !== undefined);
+  if (unread) throw unwire(unread.row[10]!);
 
   let dedup: DedupResult | undefined;
   if (opts.dedup) {
     const minSize = opts.dedup.minSize ?? 1;
     const shards: LinkJob[][] = ws.map(() => []);
-    for (const { rel, row } of entries) {
+    for (const [index, { rel, row }] of entries.entries()) {
       const [, mode, size, mtimeNs, uid, gid, ino, dev, sha] = row;
       if ((mode & S_IFMT) !== S_IFREG || size < minSize) continue;
       const key = `${sha}-m${finalMode(mode).toString(8)}-u${uid}-g${gid}-t${mtimeNs}`;
-      shards[parseInt(sha.slice(0, 4), 16) % ws.length]!.push([rel, key, ino, dev, size]);
+      shards[parseInt(sha.slice(0, 4), 16) % ws.length]!.push([rel, key, ino, dev, size, index]);
     }
     const parts = await Promise.all(
-      ws.map((w, s) => w.call<DedupResult>({ op: 'link', root: tree, objectsDir: opts.objectsDir, maxLinks: opts.dedup?.maxLinks ?? 60000, jobs: shards[s]! })),
+      ws.map((w, s) => w.call<LinkResult>({ op: 'link', root: tree, objectsDir: opts.objectsDir, maxLinks: opts.dedup?.maxLinks ?? 60000, jobs: shards[s]! })),
     );
+    // The file an ordered pass would have failed on: each shard stopped at
+    // its first failure, and the files before it fared as in that pass.
+    const first = parts.flatMap((p) => (p.failed ? [p.failed] : [])).sort((a, b) => a.at - b.at)[0];
+    if (first) throw unwire(first.error);
     dedup = { files: 0, linked: 0, savedBytes: 0 };
     for (const p of parts) {
       dedup.files += p.files;
