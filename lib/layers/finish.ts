@@ -349,7 +349,7 @@ ${sortNames.toString()}
 const IDLE_MS = 10_000;
 
 /** Workers: one per core, 2 at least, at most 4. */
-export function finishWorkers(): number {
+function finishWorkers(): number {
   return Math.max(2, Math.min(4, os.availableParallelism()));
 }
 
