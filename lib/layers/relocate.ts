@@ -22,9 +22,9 @@ export interface PrefixFile {
 }
 
 /** Bytes that may continue a path component: a prefix match must not be followed by one. */
-const PATH_CHAR = /[A-Za-z0-9._+-]/;
+export const PATH_CHAR = /[A-Za-z0-9._+-]/;
 
-function isPyc(p: string): boolean {
+export function isPyc(p: string): boolean {
   return p.endsWith('.pyc') || p.endsWith('.pyo');
 }
 
@@ -54,8 +54,12 @@ export async function scanForPrefix(root: string, prefix: string): Promise<Prefi
   return out;
 }
 
-/** Index of `needle` in `buf` at or after `from`, not followed by a path character. */
-function findPrefix(buf: Buffer, needle: Buffer, from: number): number {
+/**
+ * Index of `needle` in `buf` at or after `from`, not followed by a path
+ * character. Self-contained but for PATH_CHAR: the store's finishing workers
+ * run its source text (finish.ts).
+ */
+export function findPrefix(buf: Buffer, needle: Buffer, from: number): number {
   let i = buf.indexOf(needle, from);
   while (i !== -1) {
     const next = buf[i + needle.length];

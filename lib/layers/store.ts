@@ -5,15 +5,16 @@ import path from 'node:path';
 import { adopt, codeOf } from '../errors.js';
 import type { Readable } from 'node:stream';
 import { extractArchive, extractImageLayer, type Compression, type TarSpawner } from '../files/extract.js';
-import { makeReadOnly, removeTree, walkTree } from '../files/fsTree.js';
+import { removeTree, walkTree } from '../files/fsTree.js';
 import { hashFile, sha256Hex } from '../files/hash.js';
 import { acquireLock, tryLock, type FileLock } from '../files/lock.js';
 import { processIsAlive, run, selfStartTime } from '../files/proc.js';
 import { IoBudget, type BudgetOptions, type BudgetProgress } from './budget.js';
-import { dedupTree, gcObjects, type DedupOptions, type DedupResult } from './dedup.js';
+import { gcObjects, type DedupOptions, type DedupResult } from './dedup.js';
+import { finishTree, finishTreeByWalks } from './finish.js';
 import { LayerError } from './errors.js';
 import { checkOwner, isLive, pinRequest, readPin, readPins, removePin, withPinsLock, writePin, type Pin, type PinOptions, type PinRequest } from './pins.js';
-import { scanForPrefix, type PrefixFile } from './relocate.js';
+import { type PrefixFile } from './relocate.js';
 import { LISTING_FILE, compareListings, listingText, treeListing, type HashCache, type LayerProblem, type ListingEntry, type ListingResult } from './verify.js';
 
 /**
@@ -109,6 +110,12 @@ export interface StoreOptions {
    * `ids: 'range'` sandbox.
    */
   listForeign?: (tree: string) => Promise<ListingEntry[]>;
+  /**
+   * @internal How layers are finished: 'workers' (the default) or 'walks',
+   * the reference path it replaced, kept for the store benchmark and the
+   * tests that compare the two (lib/layers/finish.ts).
+   */
+  finish?: 'workers' | 'walks';
 }
 
 /** A container image layer for addImageLayer. */
@@ -217,7 +224,7 @@ export async function openStore(opts: StoreOptions = {}): Promise<LayerStore> {
   if (opts.budget instanceof IoBudget) budget = opts.budget;
   else if (opts.budget !== false) budget = new IoBudget({ ...(opts.budget ?? {}), dir: path.join(root, 'budget') });
   const dedup = opts.dedup === false ? undefined : opts.dedup === true || opts.dedup === undefined ? {} : opts.dedup;
-  return new LayerStore(root, budget, dedup, opts.lockTimeoutMs, opts.removeForeign, opts.listForeign);
+  return new LayerStore(root, budget, dedup, opts.lockTimeoutMs, opts.removeForeign, opts.listForeign, opts.finish ?? 'workers');
 }
 
 type Builder = (tree: string, ticketProgress: (done: number) => void) => Promise<void>;
@@ -240,6 +247,7 @@ export class LayerStore {
     private readonly lockTimeoutMs: number | undefined,
     private readonly removeForeign?: (dir: string) => Promise<void>,
     private readonly listForeign?: (tree: string) => Promise<ListingEntry[]>,
+    private readonly finish: 'workers' | 'walks' = 'workers',
   ) {}
 
   /** The listing of an image layer's tree, read where its owners' files can be read. */
@@ -475,7 +483,7 @@ export class LayerStore {
       .sort((a, b) => (a.owner < b.owner ? -1 : a.owner > b.owner ? 1 : 0));
   }
 
-  /** Scan, set final modes, dedup, count, list: everything before publishing. */
+  /** Scan, set final modes, dedup, count, list: everything before publishing (finish.ts). */
   private async finishTree(tree: string, src: LayerSource, opts: AddOptions): Promise<{ manifest: LayerManifest; listing: string }> {
     if (src.kind === 'image-layer') {
       // Modes as the image has them and no dedup (see addImageLayer); the
@@ -497,17 +505,8 @@ export class LayerStore {
         listing: listing.text,
       };
     }
-    // Scan before anything else touches the tree.
-    const prefixFiles = opts.prefix ? await scanForPrefix(tree, opts.prefix) : undefined;
-    // Files first: dedup keys on the final mode. Directories stay writable
-    // until dedup has swapped its hard links in.
-    await makeReadOnly(tree, 'files');
-    const hashes = new Map<string, string>();
-    const dedup = this.dedupOpts ? await dedupTree(tree, path.join(this.root, 'objects'), this.dedupOpts, hashes) : undefined;
-    const counts = await makeReadOnly(tree, 'dirs');
-    // Last, so it records the tree exactly as published; dedup's content
-    // hashes are reused (an object has the content of the file it replaced).
-    const listing = await treeListing(tree, { known: hashes });
+    const how = { objectsDir: path.join(this.root, 'objects'), ...(this.dedupOpts ? { dedup: this.dedupOpts } : {}), ...(opts.prefix ? { prefix: opts.prefix } : {}) };
+    const { prefixFiles, dedup, counts, listing } = this.finish === 'walks' ? await finishTreeByWalks(tree, how) : await finishTree(tree, how);
     const manifest: LayerManifest = {
       version: 1,
       digest: src.digest,
@@ -519,9 +518,9 @@ export class LayerStore {
       ...(opts.prefix ? { prefix: opts.prefix, prefixFiles: prefixFiles ?? [] } : {}),
       created: new Date().toISOString(),
       ...(dedup ? { dedup } : {}),
-      treeDigest: sha256Hex(listing.text),
+      treeDigest: sha256Hex(listing),
     };
-    return { manifest, listing: listing.text };
+    return { manifest, listing };
   }
 
   /** Under the layer's lock, any staging dir for it belongs to a crashed builder. */
