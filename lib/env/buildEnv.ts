@@ -19,7 +19,7 @@ import { pinRequest } from '../layers/pins.js';
 import { Sandbox, type BindMount } from '../sandbox/index.js';
 import { shQuote } from '../shell/text.js';
 import { EnvError } from './errors.js';
-import { packRepoLayer } from './gitRepo.js';
+import { isRepoUrl, packRepoLayer } from './gitRepo.js';
 import { basePythonMounts, venvVariables } from './layout.js';
 import { envFromManifest, envIdOf, envPinLabel, envPinOwner, envsDir, saveEnvManifest, type Env, type EnvManifest } from './manifest.js';
 import { packAsLayer, type PackedLayer } from './pack.js';
@@ -281,8 +281,7 @@ async function pinFound(store: LayerStore, pin: { owner: string } & PinOptions, 
  */
 export async function buildRepo(repo: string, commit: string, opts: BuildRepoOptions): Promise<RepoLayer> {
   const repoPath = checkEnvPath('repoPath', opts.repoPath ?? DEFAULT_REPO_PATH);
-  const isUrl = /^[a-z][a-z0-9+.-]*:\/\//i.test(repo) || /^[^/]+@[^/]+:/.test(repo);
-  const source = isUrl ? repo : path.resolve(repo);
+  const source = isRepoUrl(repo) ? repo : path.resolve(repo);
   const cacheable = /^[0-9a-f]{40}$/i.test(commit);
   const cacheFile = repoCacheFile(opts.store.root, source, commit, repoPath);
   const pin = opts.pin === undefined ? undefined : pinRequest(opts.pin);

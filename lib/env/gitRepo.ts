@@ -14,6 +14,11 @@ export interface RepoLayerInfo {
   commit: string;
 }
 
+/** A repository source given as a URL (`scheme://...` or scp-like `user@host:path`), not a local path. */
+export function isRepoUrl(source: string): boolean {
+  return /^[a-z][a-z0-9+.-]*:\/\//i.test(source) || /^[^/]+@[^/]+:/.test(source);
+}
+
 const git = (args: string[], cwd: string | undefined, what: string) =>
   run('git', ['-c', 'advice.detachedHead=false', '-c', 'safe.directory=*', ...args], {
     what,
@@ -44,8 +49,7 @@ const git = (args: string[], cwd: string | undefined, what: string) =>
 export async function packRepoLayer(repo: string, commit: string, opts: PackRepoOptions): Promise<RepoLayerInfo> {
   if (!/^[0-9a-fA-F]{4,64}$/.test(commit) && !/^[\w./-]+$/.test(commit))
     throw new EnvError(`git repo ${repo}: bad commit name ${JSON.stringify(commit)}`);
-  const isUrl = /^[a-z][a-z0-9+.-]*:\/\//i.test(repo) || /^[^/]+@[^/]+:/.test(repo);
-  const source = isUrl ? repo : path.resolve(repo);
+  const source = isRepoUrl(repo) ? repo : path.resolve(repo);
   const dest = path.resolve(opts.dest);
   await fsp.mkdir(dest, { recursive: true });
   if ((await fsp.readdir(dest)).length > 0) throw new EnvError(`git repo ${repo}: destination ${dest} is not empty`);

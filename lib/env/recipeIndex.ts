@@ -32,6 +32,7 @@ import { sha256Hex } from '../files/hash.js';
 import { acquireLock, type FileLock } from '../files/lock.js';
 import { digestDirectory, type LayerStore } from '../layers/index.js';
 import { EnvError } from './errors.js';
+import { isRepoUrl } from './gitRepo.js';
 import { envsDir, loadEnv, type Env } from './manifest.js';
 import type { BasePython } from './python.js';
 import type { CheckedRecipe, EnvStep } from './recipe.js';
@@ -51,14 +52,10 @@ function recipesDir(store: LayerStore): string {
   return path.join(envsDir(store.root), 'recipes');
 }
 
-function isUrl(source: string): boolean {
-  return /^[a-z][a-z0-9+.-]*:\/\//i.test(source) || /^[^/]+@[^/]+:/.test(source);
-}
-
 /** The commit a local repository's `commit` names now; undefined for a URL at a movable name. */
 async function resolvedCommit(source: string, commit: string): Promise<string | undefined> {
   if (/^[0-9a-f]{40}$/i.test(commit)) return commit.toLowerCase();
-  if (isUrl(source)) return undefined;
+  if (isRepoUrl(source)) return undefined;
   try {
     const { stdout } = await promisify(execFile)('git', ['-C', path.resolve(source), 'rev-parse', '--verify', '--quiet', `${commit}^{commit}`]);
     return stdout.trim();
@@ -88,7 +85,7 @@ export async function recipeKey(r: CheckedRecipe, python: BasePython, opts: { ke
   if (r.repo) {
     const sha = await resolvedCommit(r.repo.source, r.repo.commit);
     if (!sha) return undefined;
-    repo = { source: isUrl(r.repo.source) ? r.repo.source : path.resolve(r.repo.source), commit: sha, keep: opts.keepRepo };
+    repo = { source: isRepoUrl(r.repo.source) ? r.repo.source : path.resolve(r.repo.source), commit: sha, keep: opts.keepRepo };
   }
   const steps = [];
   for (const s of r.steps) steps.push(await stepIdentity(s));

@@ -24,6 +24,7 @@ import { codeOf } from '../errors.js';
 import { walkTree } from '../files/fsTree.js';
 import { mapLimit } from '../files/limit.js';
 import { LayerError } from './errors.js';
+import { isPyc } from './relocate.js';
 
 /** 2000-01-01T00:00:00Z: after 1980 (zip's earliest date, which wheels and zipimport use), before any real build. */
 export const LAYER_EPOCH = 946_684_800;
@@ -88,7 +89,7 @@ export async function normalizeTimes(tree: string, time: number = LAYER_EPOCH): 
   try {
     for await (const e of walkTree(tree)) {
       entries.push(e.abs);
-      if (e.st.isFile() && e.rel.endsWith('.pyc') && e.st.size >= 8n) pycs.push(e.abs);
+      if (e.st.isFile() && isPyc(e.rel) && e.st.size >= 8n) pycs.push(e.abs);
     }
     const rewritten = await mapLimit(pycs, 16, (p) => rewritePyc(p, time));
     // Rewriting a file's content changes its mtime: times go last. Setting a
