@@ -5,6 +5,8 @@
       "sources": [
         "native/addon.cc",
         "native/plan.cc",
+        "native/spawn.cc",
+        "native/wire.cc",
         "native/child.cc",
         "native/child_mounts.cc",
         "native/child_exec.cc",
@@ -13,9 +15,24 @@
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
       "defines": ["NAPI_VERSION=8", "NAPI_DISABLE_CPP_EXCEPTIONS"],
-      
-      
       "cflags_cc": ["-std=c++20", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-O2"]
+    },
+    {
+      # The spawner (native/spawner.cc): the same child code as the addon,
+      # without N-API, in a binary of its own whose clones are cheap.
+      "target_name": "msbx-spawner",
+      "type": "executable",
+      "sources": [
+        "native/spawner.cc",
+        "native/spawn.cc",
+        "native/wire.cc",
+        "native/child.cc",
+        "native/child_mounts.cc",
+        "native/child_exec.cc",
+        "native/child_init.cc"
+      ],
+      "cflags_cc": ["-std=c++20", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-O2"],
+      "ldflags": ["-Wl,--gc-sections"]
     }
   ]
 }

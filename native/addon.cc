@@ -20,6 +20,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <poll.h>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -27,6 +29,8 @@
 #include <napi.h>
 
 #include "child.h"
+#include "spawn.h"
+#include "wire.h"
 #include "watchers.h"
 #include "plan_js.h"
 #include "sys.h"
@@ -48,10 +52,6 @@ struct FdSet {
   }
 };
 
-std::string ErrnoText(const std::string& what, int err) {
-  return what + ": " + strerrorname_np(err) + " (" + strerror(err) + ")";
-}
-
 Napi::Error SysError(Napi::Env env, const std::string& what, int err) {
   Napi::Error e = Napi::Error::New(env, ErrnoText(what, err));
   e.Set("errno", Napi::Number::New(env, err));
@@ -60,60 +60,16 @@ Napi::Error SysError(Napi::Env env, const std::string& what, int err) {
   return e;
 }
 
-bool WriteProcFile(pid_t pid, const char* name, const std::string& data, int& err) {
-  std::string path = "/proc/" + std::to_string(pid) + "/" + name;
-  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return err = errno, false;
-  ssize_t n = write(fd, data.data(), data.size());
-  err = errno;
-  close(fd);
-  return n == static_cast<ssize_t>(data.size());
-}
-
-std::string CloneHint(int err) {
-  switch (err) {
-    case EPERM:
-      return " (user namespaces are not permitted for this user here: check the sysctls "
-             "kernel.unprivileged_userns_clone, user.max_user_namespaces, and on Ubuntu "
-             "kernel.apparmor_restrict_unprivileged_userns; `minisandbox doctor` explains)";
-    case ENOSPC:
-      return " (a namespace limit was reached: see /proc/sys/user/max_*_namespaces)";
-    case EINVAL:
-      return " (the kernel rejected this namespace combination)";
-    default:
-      return "";
-  }
-}
-
-// The spare stack for the child's main process (ChildFds::main_stack); the
-// parent's mapping is dropped after clone (the child has its own
-// copy-on-write one).
-struct Stack {
-  char* base = nullptr;
-  Stack() {
-    void* p = mmap(nullptr, kChildStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    base = p == MAP_FAILED ? nullptr : static_cast<char*>(p);
-  }
-  ~Stack() {
-    if (base) munmap(base, kChildStackSize);
-  }
-  // Stacks grow down: hand out the top end.
-  char* top() const { return base + kChildStackSize; }
-};
-
 // What Spawn and Enter share: the plan, the fds it asks for, the terminal
 // socket and the pipes between parent and child.
 struct Prepared {
   Plan plan;
-  Stack stack;
   FdSet owned;       // parent ends, released into the result
-  FdSet child_only;  // child ends, closed in the parent after clone
+  FdSet child_only;  // child ends, closed here once the child has its copies
   int parent_ends[3] = {-1, -1, -1};
   int pty_sock[2] = {-1, -1};
-  int sync[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
+  int err[2] = {-1, -1}, status[2] = {-1, -1};
   int control[2] = {-1, -1};
-  // Sources cloned here that the kernel could not idmap: {op index, errno}.
-  std::vector<std::pair<int, int>> idmap_fallbacks;
 };
 
 // Makes what plan.stdio[target] asks for and wires it to the child's fd
@@ -152,117 +108,6 @@ bool WireStdio(Napi::Env env, Prepared& p, int target, std::vector<FdMapping>& o
   return true;
 }
 
-// Node's own pidfd, inherited by every child: polled after a credential
-// change to learn whether Node died meanwhile (see DieWithParent).
-int OwnerPidfd() {
-  static int fd = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
-  return fd;
-}
-
-// A user namespace with the given maps, kept by an fd: the id mapping that
-// idmapped mounts (OP_IDMAP) apply. One per distinct mapping, made on first
-// use by a child that only waits while its maps are written.
-int IdmapUserns(const std::string& uid_map, const std::string& gid_map, int& err) {
-  static std::map<std::string, int> cache;
-  std::string key = uid_map + "|" + gid_map;
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int hold[2];
-  if (pipe2(hold, O_CLOEXEC) < 0) return err = errno, -1;
-  struct clone_args args;
-  memset(&args, 0, sizeof args);
-  args.flags = CLONE_NEWUSER;
-  args.exit_signal = SIGCHLD;
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  long pid = syscall(SYS_clone3, &args, sizeof args);
-  if (pid == 0) {
-    // EOF once the parent closes its end: our copy of that end goes first.
-    close(hold[1]);
-    char c;
-    while (read(hold[0], &c, 1) < 0 && errno == EINTR) {
-    }
-    _exit(0);
-  }
-  err = errno;
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  close(hold[0]);
-  int fd = -1;
-  if (pid > 0) {
-    std::string ns = "/proc/" + std::to_string(pid) + "/ns/user";
-    if (WriteProcFile(static_cast<pid_t>(pid), "uid_map", uid_map, err) &&
-        WriteProcFile(static_cast<pid_t>(pid), "gid_map", gid_map, err)) {
-      fd = open(ns.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) err = errno;
-    }
-  }
-  close(hold[1]);
-  if (pid > 0) waitpid(static_cast<pid_t>(pid), nullptr, 0);
-  if (fd >= 0) cache[key] = fd;
-  return fd;
-}
-
-// A detached recursive clone of the host path, with the mount attributes
-// and (userns >= 0) the id mapping applied; -errno when it cannot be made.
-// A filesystem that cannot be idmapped gets a plain clone and a fallback
-// record, so the sandbox still starts and says which mounts are not mapped.
-int CloneHostSource(const std::string& path, uint64_t attrs, int userns, int op, Prepared& p) {
-  int tree = sys::open_tree(AT_FDCWD, path.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
-  if (tree < 0) return -errno;
-  struct mount_attr attr;
-  memset(&attr, 0, sizeof attr);
-  attr.attr_set = attrs;
-  if (userns >= 0) {
-    attr.attr_set |= MOUNT_ATTR_IDMAP;
-    attr.userns_fd = static_cast<uint64_t>(userns);
-    if (sys::mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) == 0) return tree;
-    p.idmap_fallbacks.push_back({op, errno});
-    attr.attr_set = attrs;
-    attr.userns_fd = 0;
-  }
-  if (attr.attr_set && sys::mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0) {
-    int e = errno;
-    close(tree);
-    return -e;
-  }
-  return tree;
-}
-
-// Clones the host sources of OP_CLONE_IN_PARENT ops, in the order the child
-// takes them (plan.source_fds). The child inherits the fds at clone().
-bool CloneSourcesInParent(Napi::Env env, Prepared& p) {
-  Plan& plan = p.plan;
-  size_t n_prefix = plan.prefix_ops ? plan.prefix_ops->size() : 0;
-  int userns = -1;
-  for (size_t i = 0; i < n_prefix + plan.ops.size(); i++) {
-    const MountOp& m = i < n_prefix ? (*plan.prefix_ops)[i] : plan.ops[i - n_prefix];
-    if (!(m.flags & OP_CLONE_IN_PARENT)) continue;
-    if ((m.flags & (OP_IDMAP | OP_UPPER_IDMAP)) && userns < 0) {
-      int err = 0;
-      userns = IdmapUserns(plan.uid_map, plan.gid_map, err);
-      if (userns < 0) {
-        SysError(env, "creating the user namespace for idmapped mounts ('" + plan.uid_map + "')", err)
-            .ThrowAsJavaScriptException();
-        return false;
-      }
-    }
-    int op = static_cast<int>(i);
-    auto add = [&](const std::string& path, uint64_t attrs, bool idmap) {
-      int fd = CloneHostSource(path, attrs, idmap ? userns : -1, op, p);
-      p.child_only.Add(fd);
-      plan.source_fds.push_back(fd);
-    };
-    if (m.kind == OpKind::Bind) {
-      add(m.src, MountAttrs(m.flags), m.flags & OP_IDMAP);
-    } else {
-      for (const std::string& lower : m.lowers) add(lower, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, m.flags & OP_IDMAP);
-      if (!m.upper_base.empty()) add(m.upper_base, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, m.flags & OP_UPPER_IDMAP);
-    }
-  }
-  return true;
-}
-
 bool Prepare(Napi::Env env, const Napi::Object& obj, Prepared& p, bool enter) {
   std::string error;
   if (!ReadPlan(obj, p.plan, error)) {
@@ -298,16 +143,11 @@ bool Prepare(Napi::Env env, const Napi::Object& obj, Prepared& p, bool enter) {
     }
     plan.cgroup_fds.push_back(p.child_only.Add(fd));
   }
-  if (!p.stack.base) {
-    SysError(env, "mmap of the child's stack", errno).ThrowAsJavaScriptException();
-    return false;
-  }
-
-  bool ok = pipe2(p.sync, O_CLOEXEC) == 0 && pipe2(p.err, O_CLOEXEC) == 0 && pipe2(p.status, O_CLOEXEC) == 0;
+  bool ok = pipe2(p.err, O_CLOEXEC) == 0 && pipe2(p.status, O_CLOEXEC) == 0;
   if (ok && enter) ok = pipe2(p.control, O_CLOEXEC) == 0;
   int e = errno;
-  for (int fd : {p.sync[1], p.err[0], p.status[0], p.control[1]}) p.owned.Add(fd);
-  for (int fd : {p.sync[0], p.err[1], p.status[1], p.control[0]}) p.child_only.Add(fd);
+  for (int fd : {p.err[0], p.status[0], p.control[1]}) p.owned.Add(fd);
+  for (int fd : {p.err[1], p.status[1], p.control[0]}) p.child_only.Add(fd);
   if (!ok) {
     SysError(env, "pipe2", e).ThrowAsJavaScriptException();
     return false;
@@ -315,125 +155,169 @@ bool Prepare(Napi::Env env, const Napi::Object& obj, Prepared& p, bool enter) {
   return true;
 }
 
-// Runs a setuid map helper (newuidmap/newgidmap) for the child `pid`:
-// `argv` as the plan built it, with argv[1] replaced by the pid. posix_spawn
-// (glibc: CLONE_VM|CLONE_VFORK, safe in threaded Node) with stdin from
-// /dev/null and stdout/stderr into a pipe, read for the error message; the
-// helper is waited for by its own pid, as libuv reaps only its own children.
-// On failure `what` says which helper failed and how, in its own words.
-bool RunMapper(const std::vector<std::string>& argv_in, pid_t pid, std::string& what) {
-  std::vector<std::string> argv = argv_in;
-  argv[1] = std::to_string(pid);
-  std::string cmdline;
-  for (const std::string& a : argv) cmdline += (cmdline.empty() ? "" : " ") + a;
-  std::vector<char*> ptrs;
-  for (std::string& a : argv) ptrs.push_back(a.data());
-  ptrs.push_back(nullptr);
+// The spawner (native/spawner.cc): a small process of our own that clones
+// sandboxes for us, so that a clone never copies Node's page tables. Started
+// on the first spawn that needs it, replaced when it has died. One socket,
+// one request at a time: spawn() and enter() are synchronous calls that
+// block the event loop for the clone as the in-process path always did, so
+// there is never more than one request in flight from this thread (the
+// mutex orders requests from worker threads). See docs/architecture.md,
+// "The spawner".
+struct SpawnerState {
+  std::mutex mu;
+  std::string path;  // the binary; empty: the in-process path
+  std::string reason;  // why the in-process path, when it is
+  int sock = -1;
+  pid_t pid = -1;
+  int started = 0;  // spawners started so far (one, unless they died)
+};
+SpawnerState g_spawner;
+
+// Closes our end and reaps the spawner; returns how it ended ("killed by
+// signal 9"), for the error of a request it did not answer.
+std::string RetireSpawner() {
+  SpawnerState& s = g_spawner;
+  if (s.sock >= 0) close(s.sock);
+  s.sock = -1;
+  std::string how = "gone";
+  if (s.pid > 0) {
+    // It exits on EOF of its socket; SIGKILL makes sure a stuck one goes too.
+    kill(s.pid, SIGKILL);
+    int st = 0;
+    pid_t r;
+    do r = waitpid(s.pid, &st, 0); while (r < 0 && errno == EINTR);
+    if (r == s.pid) how = WIFSIGNALED(st) ? "killed by signal " + std::to_string(WTERMSIG(st)) : "exited with " + std::to_string(WEXITSTATUS(st));
+  }
+  s.pid = -1;
+  return how;
+}
+
+// Starts the spawner: posix_spawn (a vfork in glibc, no copy of Node's page
+// tables), its socket end as fd 3, /dev/null for 0-2, an empty environment
+// and default signals; then waits for its hello.
+bool StartSpawner(SpawnReply& reply) {
+  SpawnerState& s = g_spawner;
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) return reply.what = "socketpair for the spawner", reply.err = errno, false;
+  if (sv[1] == 3) {
+    // dup2(3, 3) would leave FD_CLOEXEC set: move it out of the way first.
+    int moved = fcntl(sv[1], F_DUPFD_CLOEXEC, 4);
+    close(sv[1]);
+    sv[1] = moved;
+  }
+  std::string owner = std::to_string(getpid());
+  char name[] = "msbx-spawner";
+  char* argv[] = {name, owner.data(), nullptr};
   char* no_env[] = {nullptr};
-  int out[2];
-  if (pipe2(out, O_CLOEXEC) < 0) return what = ErrnoText("pipe2 for " + cmdline, errno), false;
   posix_spawn_file_actions_t fa;
   posix_spawnattr_t attr;
   posix_spawn_file_actions_init(&fa);
   posix_spawnattr_init(&attr);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 2);
-  // Node blocks and handles signals of its own: the helper gets defaults.
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
   sigset_t none, all;
   sigemptyset(&none);
   sigfillset(&all);
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &all);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  pid_t helper = -1;
-  int rc = posix_spawn(&helper, ptrs[0], &fa, &attr, ptrs.data(), no_env);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, s.path.c_str(), &fa, &attr, argv, no_env);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
-  close(out[1]);
+  close(sv[1]);
   if (rc != 0) {
-    close(out[0]);
-    return what = ErrnoText("running " + cmdline, rc), false;
+    close(sv[0]);
+    return reply.what = "starting the sandbox spawner " + s.path, reply.err = rc, false;
   }
-  std::string msg;
-  char buf[512];
-  for (;;) {
-    ssize_t n = read(out[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    if (msg.size() < 4096) msg.append(buf, static_cast<size_t>(n));
-  }
-  close(out[0]);
-  int status = 0;
-  while (waitpid(helper, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
-  while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
-  std::string how = WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
-                                      : "signal " + std::to_string(WTERMSIG(status));
-  what = cmdline + " failed (" + how + ")" + (msg.empty() ? "" : ": " + msg);
-  return false;
-}
-
-// The parent's side before the child may run anything: the id maps of a
-// new sandbox.
-bool ReleaseChild(Napi::Env env, Prepared& p, pid_t pid, int pidfd, bool write_maps) {
-  const Plan& plan = p.plan;
-  auto abort_child = [&](const std::string& what, int e) {
-    sys::pidfd_send_signal(pidfd, SIGKILL);
-    siginfo_t si;
-    waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &si, WEXITED);
-    SysError(env, what, e).ThrowAsJavaScriptException();
+  s.sock = sv[0];
+  s.pid = pid;
+  s.started++;
+  // Its hello: it runs, speaks our protocol version, and is ready.
+  struct pollfd p = {s.sock, POLLIN, 0};
+  int n;
+  do n = poll(&p, 1, 10000); while (n < 0 && errno == EINTR);
+  wire::Kind kind;
+  std::string payload;
+  std::vector<int> fds;
+  int got = n > 0 ? wire::Receive(s.sock, kind, payload, fds) : -1;
+  int e = n == 0 ? ETIMEDOUT : errno;
+  for (int fd : fds) close(fd);
+  if (got != 1 || kind != wire::Kind::Hello) {
+    std::string how = RetireSpawner();
+    reply.what = "the sandbox spawner " + s.path + " did not start (" +
+                 (got == 1 ? std::string("unexpected first message") : got == 0 ? "it " + how : ErrnoText("its hello", e == EPROTO ? EPROTO : e)) +
+                 (e == EPROTO ? "; a spawner of another build? rebuild with npm run prebuilds or node-gyp rebuild" : "") + ")";
     return false;
-  };
-  int e = 0;
-  if (write_maps && (plan.namespaces & NS_USER)) {
-    for (const auto* mapper : {&plan.uid_mapper, &plan.gid_mapper}) {
-      std::string what;
-      if (mapper->empty() || RunMapper(*mapper, pid, what)) continue;
-      sys::pidfd_send_signal(pidfd, SIGKILL);
-      siginfo_t si;
-      waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &si, WEXITED);
-      Napi::Error::New(env, "writing the sandbox's id maps: " + what).ThrowAsJavaScriptException();
-      return false;
-    }
-    if (plan.deny_setgroups && !WriteProcFile(pid, "setgroups", "deny", e))
-      return abort_child("writing the sandbox's setgroups", e);
-    if (!plan.uid_map.empty() && !WriteProcFile(pid, "uid_map", plan.uid_map, e))
-      return abort_child("writing the sandbox's uid_map '" + plan.uid_map + "'", e);
-    if (!plan.gid_map.empty() && !WriteProcFile(pid, "gid_map", plan.gid_map, e))
-      return abort_child("writing the sandbox's gid_map '" + plan.gid_map + "'", e);
   }
-  char go = 1;
-  if (write(p.sync[1], &go, 1) != 1) return abort_child("releasing the sandbox child", errno);
   return true;
 }
 
-long Clone(uint64_t flags, int* pidfd) {
-  struct clone_args args;
-  memset(&args, 0, sizeof args);
-  args.flags = flags | CLONE_PIDFD;
-  args.pidfd = reinterpret_cast<uint64_t>(pidfd);
-  args.exit_signal = SIGCHLD;
-  return syscall(SYS_clone3, &args, sizeof args);
+// Runs the request in the spawner. A spawner found dead before the request
+// is sent is replaced, and the request goes to the new one; a spawner that
+// dies after taking it fails this request (it may have started a child,
+// which died with it if it had dieWithParent) with an error saying so.
+bool CallSpawner(SpawnRequest& rq, SpawnReply& reply) {
+  SpawnerState& s = g_spawner;
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::string payload;
+  std::vector<int> fds;
+  wire::EncodeRequest(rq, payload, fds);
+  for (int attempt = 0;; attempt++) {
+    if (s.sock >= 0) {
+      // Idle, the socket has nothing to say: readable or hung up means the
+      // spawner died since the last request.
+      struct pollfd p = {s.sock, POLLIN, 0};
+      if (poll(&p, 1, 0) > 0) RetireSpawner();
+    }
+    if (s.sock < 0 && !StartSpawner(reply)) return false;
+    if (wire::Send(s.sock, wire::Kind::Spawn, payload, fds)) break;
+    int e = errno;
+    RetireSpawner();
+    if ((e != EPIPE && e != ECONNRESET) || attempt > 0) return reply.what = "sending the plan to the sandbox spawner", reply.err = e, false;
+  }
+  wire::Kind kind;
+  std::string in;
+  std::vector<int> got;
+  pid_t spawner_pid = s.pid;
+  int rc = wire::Receive(s.sock, kind, in, got);
+  if (rc != 1 || kind != wire::Kind::Reply || !wire::DecodeReply(in, got, reply)) {
+    int e = errno;
+    for (int fd : got) close(fd);
+    std::string how = RetireSpawner();
+    reply = SpawnReply();
+    reply.what = rc == 0 || (rc < 0 && (e == EPIPE || e == ECONNRESET))
+                     ? "the sandbox spawner (msbx-spawner, pid " + std::to_string(spawner_pid) + ") died before it answered (" + how +
+                           "); the next spawn starts a new one"
+                     : "a malformed reply from the sandbox spawner (pid " + std::to_string(spawner_pid) + ")";
+    reply.spawner_died = true;
+    return false;
+  }
+  // The pidfd is the one fd a reply carries; anything else is closed.
+  for (int fd : got)
+    if (fd != reply.pidfd) close(fd);
+  return reply.err == 0 && reply.what.empty();
 }
 
-Napi::Object Result(Napi::Env env, Prepared& p, long pid, int pidfd) {
+Napi::Object Result(Napi::Env env, Prepared& p, const SpawnReply& reply, bool via_spawner) {
   Napi::Object result = Napi::Object::New(env);
   auto give = [&](const char* key, int fd) {
     if (fd >= 0) p.owned.Release(fd);
     result.Set(key, fd >= 0 ? Napi::Number::New(env, fd) : env.Null());
   };
-  result.Set("pid", pid > 0 ? Napi::Number::New(env, static_cast<double>(pid)) : env.Null());
-  Napi::Array fallbacks = Napi::Array::New(env, p.idmap_fallbacks.size());
-  for (size_t i = 0; i < p.idmap_fallbacks.size(); i++) {
+  result.Set("pid", reply.pid > 0 ? Napi::Number::New(env, static_cast<double>(reply.pid)) : env.Null());
+  Napi::Array fallbacks = Napi::Array::New(env, reply.idmap_fallbacks.size());
+  for (size_t i = 0; i < reply.idmap_fallbacks.size(); i++) {
     Napi::Object f = Napi::Object::New(env);
-    f.Set("op", Napi::Number::New(env, p.idmap_fallbacks[i].first));
-    f.Set("errno", Napi::Number::New(env, p.idmap_fallbacks[i].second));
+    f.Set("op", Napi::Number::New(env, reply.idmap_fallbacks[i].first));
+    f.Set("errno", Napi::Number::New(env, reply.idmap_fallbacks[i].second));
     fallbacks.Set(static_cast<uint32_t>(i), f);
   }
   result.Set("idmapFallbacks", fallbacks);
-  give("pidfd", pidfd);
+  p.owned.Add(reply.pidfd);
+  give("pidfd", reply.pidfd);
   give("errFd", p.err[0]);
   give("statusFd", p.status[0]);
   give("stdin", p.parent_ends[0]);
@@ -441,39 +325,75 @@ Napi::Object Result(Napi::Env env, Prepared& p, long pid, int pidfd) {
   give("stderr", p.parent_ends[2]);
   give("ptySocket", p.pty_sock[0]);
   give("controlFd", p.control[1]);
-  return result;  // sync and pid pipes close with `owned`
+  result.Set("viaSpawner", Napi::Boolean::New(env, via_spawner));
+  return result;
 }
 
-// Clones the child, which runs RunEnter (`enter`, joining the sandbox whose
-// PID 1 is `target_pidfd`) or RunChild (a new sandbox), releases it once
-// the parent's side is done, and returns the fds of the result.
-Napi::Value CloneChild(Napi::Env env, Prepared& p, bool enter, int target_pidfd) {
-  const Plan& plan = p.plan;
-  // The mount namespace always: ReadPlan refuses a plan without it. A
-  // command entering a sandbox joins its namespaces with setns() instead.
-  uint64_t flags = enter ? 0 : NamespaceCloneFlags(plan.namespaces) | CLONE_NEWNS;
-  ChildFds cfds{p.sync[0], p.sync[1], p.err[1], p.status[1], p.pty_sock[1], p.control[0], OwnerPidfd(), p.stack.top()};
-  int pidfd = -1;
-  // Every signal stays blocked across clone() so none is delivered to the
-  // child through Node's handlers before it resets them.
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  long pid = Clone(flags, &pidfd);
-  if (pid == 0) {
-    if (enter) RunEnter(plan, cfds, target_pidfd);
-    RunChild(plan, cfds);
+// Clones the child, in the spawner or here, and returns the fds of the
+// result; the child ends made by Prepare close with `p` either way.
+Napi::Value Execute(Napi::Env env, Prepared& p, bool enter, int target_pidfd) {
+  SpawnRequest rq;
+  rq.plan = std::move(p.plan);
+  rq.plan.finalize();
+  rq.enter = enter;
+  rq.target_pidfd = target_pidfd;
+  rq.err_write = p.err[1];
+  rq.status_write = p.status[1];
+  rq.pty_socket = p.pty_sock[1];
+  rq.control_read = p.control[0];
+  SpawnReply reply;
+  bool via_spawner;
+  bool ok;
+  {
+    std::string path;
+    {
+      std::lock_guard<std::mutex> lock(g_spawner.mu);
+      path = g_spawner.path;
+    }
+    via_spawner = !path.empty();
+    // The plan's vectors hold the strings the child reads: finalize() was
+    // called before the move, and a moved vector keeps its buffers.
+    ok = via_spawner ? CallSpawner(rq, reply) : CloneSandbox(rq, reply);
   }
-  int clone_err = errno;
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (pid < 0) {
-    std::string what = enter ? "clone3" : "clone3 (creating the sandbox's namespaces)" + CloneHint(clone_err);
-    SysError(env, what, clone_err).ThrowAsJavaScriptException();
+  if (!ok) {
+    if (reply.err) {
+      Napi::Error e = SysError(env, reply.what, reply.err);
+      e.ThrowAsJavaScriptException();
+    } else {
+      Napi::Error e = Napi::Error::New(env, reply.what);
+      if (reply.spawner_died) e.Set("code", Napi::String::New(env, "MSBX_SPAWNER"));
+      e.ThrowAsJavaScriptException();
+    }
     return env.Undefined();
   }
-  p.owned.Add(pidfd);
-  if (!ReleaseChild(env, p, static_cast<pid_t>(pid), pidfd, !enter)) return env.Undefined();
-  return Result(env, p, pid, pidfd);
+  return Result(env, p, reply, via_spawner);
+}
+
+// configureSpawner(path | null, reason?): which path spawns take from now
+// on. A running spawner of another path is retired (its sandboxes with
+// dieWithParent die with it).
+Napi::Value ConfigureSpawner(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::lock_guard<std::mutex> lock(g_spawner.mu);
+  std::string path = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "";
+  if (path != g_spawner.path && g_spawner.sock >= 0) RetireSpawner();
+  g_spawner.path = path;
+  g_spawner.reason = info.Length() > 1 && info[1].IsString() ? info[1].As<Napi::String>().Utf8Value() : "";
+  return env.Undefined();
+}
+
+// spawnerInfo() -> { mode, path, pid, started, reason }.
+Napi::Value SpawnerInfo(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::lock_guard<std::mutex> lock(g_spawner.mu);
+  Napi::Object o = Napi::Object::New(env);
+  bool spawner = !g_spawner.path.empty();
+  o.Set("mode", Napi::String::New(env, spawner ? "spawner" : "inprocess"));
+  o.Set("path", spawner ? Napi::Value(Napi::String::New(env, g_spawner.path)) : env.Null());
+  o.Set("pid", g_spawner.pid > 0 ? Napi::Value(Napi::Number::New(env, g_spawner.pid)) : env.Null());
+  o.Set("started", Napi::Number::New(env, g_spawner.started));
+  o.Set("reason", g_spawner.reason.empty() ? env.Null() : Napi::Value(Napi::String::New(env, g_spawner.reason)));
+  return o;
 }
 
 // spawn(plan): a new sandbox.
@@ -484,8 +404,8 @@ Napi::Value Spawn(const Napi::CallbackInfo& info) {
     return env.Undefined();
   }
   Prepared p;
-  if (!Prepare(env, info[0].As<Napi::Object>(), p, false) || !CloneSourcesInParent(env, p)) return env.Undefined();
-  return CloneChild(env, p, false, -1);
+  if (!Prepare(env, info[0].As<Napi::Object>(), p, false)) return env.Undefined();
+  return Execute(env, p, false, -1);
 }
 
 // enter(targetPidfd, plan): a command in the sandbox whose PID 1 is target.
@@ -499,7 +419,7 @@ Napi::Value Enter(const Napi::CallbackInfo& info) {
   }
   Prepared p;
   if (!Prepare(env, info[1].As<Napi::Object>(), p, true)) return env.Undefined();
-  return CloneChild(env, p, true, info[0].As<Napi::Number>().Int32Value());
+  return Execute(env, p, true, info[0].As<Napi::Number>().Int32Value());
 }
 
 // signal(pidfd, signo) -> true if delivered, false if the process is gone.
@@ -546,22 +466,6 @@ Napi::Value PrepareOps(const Napi::CallbackInfo& info) {
   return Napi::External<PreparedOps>::New(env, new PreparedOps(std::move(ops)), [](Napi::Env, PreparedOps* p) { delete p; });
 }
 
-// Where Node's argv and environment lie in its memory, for PID 1 to wipe
-// them in its copy (fields 48-51 of /proc/self/stat, after the command name).
-void ReadHostArgArea() {
-  std::ifstream in("/proc/self/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) return;
-  std::istringstream fields(stat.substr(paren + 2));
-  std::vector<std::string> f;
-  for (std::string x; fields >> x;) f.push_back(x);
-  // f[0] is field 3 (state): field N is f[N - 3].
-  if (f.size() < 49) return;
-  auto at = [&](int field) { return static_cast<uintptr_t>(std::stoull(f[field - 3])); };
-  SetHostArgArea(at(48), at(49), at(50), at(51));
-}
-
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   ReadHostArgArea();
   exports.Set("spawn", Napi::Function::New(env, Spawn, "spawn"));
@@ -569,6 +473,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("prepareOps", Napi::Function::New(env, PrepareOps, "prepareOps"));
   exports.Set("signal", Napi::Function::New(env, Signal, "signal"));
   exports.Set("resizePty", Napi::Function::New(env, ResizePty, "resizePty"));
+  exports.Set("configureSpawner", Napi::Function::New(env, ConfigureSpawner, "configureSpawner"));
+  exports.Set("spawnerInfo", Napi::Function::New(env, SpawnerInfo, "spawnerInfo"));
   exports.Set("watchExit", DefineExitWatch(env));
   exports.Set("receiveFd", DefineReceiveFd(env));
 

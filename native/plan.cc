@@ -12,15 +12,6 @@
 
 namespace msbx {
 
-void Plan::finalize() {
-  argv_ptrs.clear();
-  for (auto& s : argv) argv_ptrs.push_back(s.data());
-  argv_ptrs.push_back(nullptr);
-  env_ptrs.clear();
-  for (auto& s : env) env_ptrs.push_back(s.data());
-  env_ptrs.push_back(nullptr);
-}
-
 namespace {
 
 // Reads fields of one object, naming them under `prefix` in its errors

@@ -54,6 +54,12 @@ struct Watch {
   uv_poll_t status_poll;  // the status pipe, when PID 1 reports for a main process
   int pidfd;
   int status_fd;  // PID 1's report of the main process's status, or -1
+  // The process is the spawner's child, not ours: waitid() cannot reap it
+  // (ECHILD), so `poll` watches the status pipe instead of the pidfd. The
+  // first record there is the main process's status (from PID 1 or the
+  // monitor) or, if it died without one, its own wait status, which the
+  // spawner writes when it reaps it; EOF follows once it is reaped.
+  bool via_spawner = false;
   napi_env env;
   napi_ref callback = nullptr;
   bool reported = false;  // the callback has run
@@ -148,6 +154,36 @@ void OnReadable(uv_poll_t* handle, int status, int) {
   Finish(w, si);
 }
 
+// Spawner mode: the status pipe, until EOF.
+void OnSpawnerStatus(uv_poll_t* handle, int status, int) {
+  Watch* w = static_cast<Watch*>(handle->data);
+  if (w->done) return;
+  int code = -1, sig = 0;
+  int32_t st = 0;
+  ssize_t n = status < 0 ? 0 : read(w->status_fd, &st, sizeof st);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n == static_cast<ssize_t>(sizeof st)) {
+    if (WIFEXITED(st)) code = WEXITSTATUS(st);
+    else if (WIFSIGNALED(st)) sig = WTERMSIG(st);
+    // Nothing else keeps Node alive for a sandbox whose command is done;
+    // the poll stays until EOF to close the fds once the process is reaped.
+    uv_unref(reinterpret_cast<uv_handle_t*>(&w->poll));
+    Report(w, code, sig, true);
+    return;
+  }
+  // EOF (or a broken pipe): the process is gone and reaped. Without any
+  // record (the spawner died with it) the exit is unknown: reported as a
+  // kill, as a process reaped elsewhere is.
+  w->done = true;
+  uv_poll_stop(&w->poll);
+  close(w->status_fd);
+  w->status_fd = -1;
+  close(w->pidfd);
+  w->pidfd = -1;
+  uv_close(reinterpret_cast<uv_handle_t*>(&w->poll), OnClosed);
+  Report(w, -1, SIGKILL, false);
+}
+
 Watch* Get(const Napi::CallbackInfo& info) {
   Napi::Value ext = info.This().As<Napi::Object>().Get("_watch");
   if (!ext.IsExternal()) return nullptr;
@@ -162,19 +198,21 @@ Napi::Value WatchExit(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (info.Length() < 3 || !info[0].IsNumber() || !info[1].IsNumber() ||
       !info[2].IsFunction()) {
-    Napi::TypeError::New(env, "watchExit(pidfd, statusFd, callback)").ThrowAsJavaScriptException();
+    Napi::TypeError::New(env, "watchExit(pidfd, statusFd, callback, viaSpawner?)").ThrowAsJavaScriptException();
     return env.Undefined();
   }
   Watch* w = new Watch();
   w->pidfd = info[0].As<Napi::Number>().Int32Value();
   w->status_fd = info[1].As<Napi::Number>().Int32Value();
+  w->via_spawner = info.Length() > 3 && info[3].IsBoolean() && info[3].As<Napi::Boolean>().Value();
   w->env = env;
   napi_create_reference(env, info[2], 1, &w->callback);
   w->poll.data = w;
   uv_loop_t* loop = nullptr;
   napi_get_uv_event_loop(env, &loop);
-  int rc = uv_poll_init(loop, &w->poll, w->pidfd);
-  if (rc == 0) rc = uv_poll_start(&w->poll, UV_READABLE, OnReadable);
+  int rc = uv_poll_init(loop, &w->poll, w->via_spawner ? w->status_fd : w->pidfd);
+  if (rc == 0) rc = w->via_spawner ? uv_poll_start(&w->poll, UV_READABLE | UV_DISCONNECT, OnSpawnerStatus)
+                                   : uv_poll_start(&w->poll, UV_READABLE, OnReadable);
   if (rc != 0) {
     napi_delete_reference(env, w->callback);
     delete w;
@@ -182,7 +220,7 @@ Napi::Value WatchExit(const Napi::CallbackInfo& info) {
         .ThrowAsJavaScriptException();
     return env.Undefined();
   }
-  if (w->status_fd >= 0) {
+  if (w->status_fd >= 0 && !w->via_spawner) {
     w->status_poll.data = w;
     if (uv_poll_init(loop, &w->status_poll, w->status_fd) == 0) {
       w->owners++;

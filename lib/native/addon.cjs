@@ -11,6 +11,8 @@
  *     the prebuilt binary it was made to replace;
  *  2. prebuilds/linux-<arch>-glibc/minisandbox.node: the binaries shipped in
  *     the package (scripts/prebuild.cjs), when Node itself runs on glibc.
+ * The spawner binary (msbx-spawner) is taken from the same place as the
+ * addon (spawnerFile).
  * The addon is N-API (NAPI_VERSION 8), so one binary serves every Node
  * version; there is no per-ABI directory.
  */
@@ -19,6 +21,8 @@ const path = require('node:path');
 const bindings = require('bindings');
 
 const ADDON = 'minisandbox';
+/** The spawner's binary (native/spawner.cc), built and shipped beside the addon. */
+const SPAWNER = 'msbx-spawner';
 /** The architectures prebuilt in the package (scripts/prebuild.cjs builds each). */
 const PREBUILT_ARCHS = ['x64', 'arm64'];
 const PT_INTERP = 3;
@@ -80,6 +84,36 @@ function prebuildFile(root, target) {
   return path.join(root, 'prebuilds', target, `${ADDON}.node`);
 }
 
+/** Where the prebuilt spawner lives in the package, beside its addon. */
+function prebuildSpawnerFile(root, target) {
+  return path.join(root, 'prebuilds', target, SPAWNER);
+}
+
+/**
+ * The spawner that belongs to the addon loadAddon(root) loads, by the same
+ * order: a source build's (build/Release) if there is a source build, else
+ * the prebuilt one. Never one from the other place: the two speak the
+ * protocol of their own build. { file } if it is there and executable, else
+ * { file, reason } (file: where it was looked for, or undefined).
+ */
+function spawnerFile(root) {
+  const built = path.join(root, 'build', 'Release');
+  let dir;
+  if (fs.existsSync(path.join(built, `${ADDON}.node`))) dir = built;
+  else {
+    const { target, reason } = prebuildTarget();
+    if (!target) return { reason };
+    dir = path.dirname(prebuildSpawnerFile(root, target));
+  }
+  const file = path.join(dir, SPAWNER);
+  try {
+    fs.accessSync(file, fs.constants.X_OK);
+    return { file };
+  } catch (err) {
+    return { file, reason: `${file} ${err.code === 'ENOENT' ? 'does not exist' : `is not executable (${err.code})`}` };
+  }
+}
+
 /**
  * Loads the addon of the package at `root`: a source build if there is one,
  * else the prebuilt binary for this platform. Throws an Error saying what
@@ -103,4 +137,4 @@ function loadAddon(root) {
   }
 }
 
-module.exports = { ADDON, PREBUILT_ARCHS, nodeLibc, prebuildTarget, prebuildFile, loadAddon };
+module.exports = { ADDON, SPAWNER, PREBUILT_ARCHS, nodeLibc, prebuildTarget, prebuildFile, prebuildSpawnerFile, spawnerFile, loadAddon };

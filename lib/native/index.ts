@@ -4,6 +4,7 @@
  */
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
+import { ConfigError } from '../sandbox/errors.js';
 import { packageRoot } from './packageRoot.js';
 
 export { packageRoot };
@@ -127,6 +128,25 @@ export interface NativeSpawnResult {
   controlFd: number | null;
   /** Sources cloned for an idmapped mount whose filesystem refused the mapping. */
   idmapFallbacks: { op: number; errno: number }[];
+  /**
+   * Cloned by the spawner, not by Node: the process is not Node's child, and
+   * its exit is learned from statusFd (watchExit's viaSpawner).
+   */
+  viaSpawner: boolean;
+}
+
+/** Which path spawns take (native.spawnerInfo()). */
+export interface SpawnerInfo {
+  /** 'spawner': clones are made by msbx-spawner; 'inprocess': by Node itself. */
+  mode: 'spawner' | 'inprocess';
+  /** The spawner's binary, in spawner mode. */
+  path: string | null;
+  /** The running spawner's pid; null until the first spawn (or after it died). */
+  pid: number | null;
+  /** Spawners started by this process so far. */
+  started: number;
+  /** Why the in-process path, when it is. */
+  reason: string | null;
 }
 
 export interface ExitWatch {
@@ -146,7 +166,11 @@ interface Addon {
     pidfd: number,
     statusFd: number,
     callback: (exitCode: number | null, signal: number | null, fromInit: boolean) => void,
+    viaSpawner?: boolean,
   ): ExitWatch;
+  /** Spawns from now on go to the spawner at `path`, or (null) are cloned by Node itself. */
+  configureSpawner(path: string | null, reason?: string): void;
+  spawnerInfo(): SpawnerInfo;
   /** Takes ownership of socketFd; calls back once with the fd received or an errno. */
   receiveFd(socketFd: number, callback: (errno: number | null, fd: number | null) => void): void;
   stepNames: string[];
@@ -163,9 +187,46 @@ interface Addon {
 const root = packageRoot();
 // The loader is plain CommonJS shared with the install script (see addon.cjs);
 // it ships as lib/native/addon.cjs, next to this file's source.
-const { loadAddon } = createRequire(import.meta.url)(join(root, 'lib', 'native', 'addon.cjs')) as { loadAddon(root: string): Addon };
+const { loadAddon, spawnerFile } = createRequire(import.meta.url)(join(root, 'lib', 'native', 'addon.cjs')) as {
+  loadAddon(root: string): Addon;
+  spawnerFile(root: string): { file?: string; reason?: string };
+};
 
 export const native: Addon = loadAddon(root);
+
+export type SpawnMode = 'spawner' | 'inprocess';
+
+/**
+ * Chooses the path spawns take. 'spawner' (the default): sandboxes are
+ * cloned by msbx-spawner, a small process of this package's, whose clones
+ * cost the same whatever this process's heap; the addon falls back to
+ * cloning in-process only when the binary is missing. 'inprocess': Node
+ * clones them itself, as before the spawner existed. A spawner already
+ * running is retired when the path changes (with the sandboxes it made
+ * that die with their parent).
+ */
+export function setSpawnMode(mode: SpawnMode, env: NodeJS.ProcessEnv = process.env): SpawnerInfo {
+  if (mode === 'inprocess') {
+    native.configureSpawner(null, env.MINISANDBOX_SPAWNER === 'inprocess' ? 'MINISANDBOX_SPAWNER=inprocess' : 'chosen with setSpawnMode');
+  } else {
+    const { file, reason } = spawnerFile(root);
+    // Asked for explicitly, a missing spawner is an error at the first
+    // spawn (which names the file), not a silent fallback.
+    if (reason === undefined || (env.MINISANDBOX_SPAWNER === 'spawner' && file)) native.configureSpawner(file!);
+    else native.configureSpawner(null, `no spawner binary: ${reason}`);
+  }
+  return native.spawnerInfo();
+}
+
+/** MINISANDBOX_SPAWNER: 'inprocess', 'spawner', or unset (the spawner when its binary is there). */
+function spawnModeFromEnv(env: NodeJS.ProcessEnv): SpawnMode {
+  const v = env.MINISANDBOX_SPAWNER;
+  if (v === undefined || v === '' || v === 'auto' || v === 'spawner') return 'spawner';
+  if (v === 'inprocess') return 'inprocess';
+  throw new ConfigError(`MINISANDBOX_SPAWNER='${v}': expected 'spawner', 'inprocess' or 'auto'`, 'MINISANDBOX_SPAWNER');
+}
+
+setSpawnMode(spawnModeFromEnv(process.env));
 
 /** A setup failure as the child reported it. */
 export interface ErrorRecord {

@@ -67,3 +67,13 @@ export class NamespaceError extends SandboxError {
     super(message, errnoName === undefined ? {} : { code: errnoName });
   }
 }
+
+/**
+ * The sandbox spawner (msbx-spawner, the process that clones sandboxes for
+ * this Node process) died while it handled this request; the request may or
+ * may not have started a process (one with dieWithParent died with it). The
+ * next spawn starts a new spawner.
+ */
+export class SpawnerError extends SandboxError {
+  static override readonly code = 'MSBX_SPAWNER';
+}

@@ -8,7 +8,7 @@ import { constants as osConstants } from 'node:os';
 import type { Readable, Writable } from 'node:stream';
 import { ReadStream } from 'node:tty';
 import { decodeErrorRecord, native, type ExitWatch, type NativeOp, type NativeSpawnResult } from '../native/index.js';
-import { ConfigError, ExecError, MountError, NamespaceError, SetupError, describeErrno } from './errors.js';
+import { ConfigError, ExecError, MountError, NamespaceError, SetupError, SpawnerError, describeErrno } from './errors.js';
 import type { SpawnOptions } from './options.js';
 import { buildPlan } from './plan.js';
 
@@ -67,6 +67,7 @@ export function callNative(fn: () => NativeSpawnResult): NativeSpawnResult {
   } catch (e) {
     const err = e as Error & { code?: string };
     if (err instanceof TypeError) throw new ConfigError(err.message);
+    if (err.code === SpawnerError.code) throw new SpawnerError(`cannot create the sandbox: ${err.message}`, { cause: err });
     throw new NamespaceError(`cannot create the sandbox: ${err.message}`, err.code);
   }
 }
@@ -161,8 +162,11 @@ export class SandboxProcess implements AsyncDisposable {
       onExit(info);
     };
     if (res.pidfd !== null) {
-      this.#watch = native.watchExit(res.pidfd, res.statusFd, (code, sig) =>
-        finish({ exitCode: code, signal: sig === null ? null : (signalNames.get(sig) ?? null) }),
+      this.#watch = native.watchExit(
+        res.pidfd,
+        res.statusFd,
+        (code, sig) => finish({ exitCode: code, signal: sig === null ? null : (signalNames.get(sig) ?? null) }),
+        res.viaSpawner,
       );
     } else {
       // Nothing was started: the error record tells why.

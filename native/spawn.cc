@@ -1,0 +1,372 @@
+// The parent's side of a spawn (see spawn.h): shared by the addon's
+// in-process path and the spawner, so that both run the same RunChild.
+#include "spawn.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/sched.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "child.h"
+#include "sys.h"
+
+namespace msbx {
+
+void Plan::finalize() {
+  argv_ptrs.clear();
+  for (auto& s : argv) argv_ptrs.push_back(s.data());
+  argv_ptrs.push_back(nullptr);
+  env_ptrs.clear();
+  for (auto& s : env) env_ptrs.push_back(s.data());
+  env_ptrs.push_back(nullptr);
+}
+
+std::string ErrnoText(const std::string& what, int err) {
+  const char* name = strerrorname_np(err);
+  return what + ": " + (name ? name : "errno " + std::to_string(err)) + " (" + strerror(err) + ")";
+}
+
+namespace {
+
+// Closes every fd it owns on scope exit.
+struct FdSet {
+  std::vector<int> fds;
+  int Add(int fd) {
+    if (fd >= 0) fds.push_back(fd);
+    return fd;
+  }
+  ~FdSet() {
+    for (int fd : fds) close(fd);
+  }
+};
+
+bool Fail(SpawnReply& reply, const std::string& what, int err) {
+  reply.what = what;
+  reply.err = err;
+  return false;
+}
+
+bool WriteProcFile(pid_t pid, const char* name, const std::string& data, int& err) {
+  std::string path = "/proc/" + std::to_string(pid) + "/" + name;
+  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return err = errno, false;
+  ssize_t n = write(fd, data.data(), data.size());
+  err = errno;
+  close(fd);
+  return n == static_cast<ssize_t>(data.size());
+}
+
+std::string CloneHint(int err) {
+  switch (err) {
+    case EPERM:
+      return " (user namespaces are not permitted for this user here: check the sysctls "
+             "kernel.unprivileged_userns_clone, user.max_user_namespaces, and on Ubuntu "
+             "kernel.apparmor_restrict_unprivileged_userns; `minisandbox doctor` explains)";
+    case ENOSPC:
+      return " (a namespace limit was reached: see /proc/sys/user/max_*_namespaces)";
+    case EINVAL:
+      return " (the kernel rejected this namespace combination)";
+    default:
+      return "";
+  }
+}
+
+// The spare stack for the child's main process (ChildFds::main_stack); the
+// parent's mapping is dropped after clone (the child has its own
+// copy-on-write one).
+struct Stack {
+  char* base = nullptr;
+  Stack() {
+    void* p = mmap(nullptr, kChildStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    base = p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+  }
+  ~Stack() {
+    if (base) munmap(base, kChildStackSize);
+  }
+  // Stacks grow down: hand out the top end.
+  char* top() const { return base + kChildStackSize; }
+};
+
+// This process's own pidfd, inherited by every child: polled after a
+// credential change to learn whether its parent (Node, or the spawner)
+// died meanwhile (see DieWithParent).
+int OwnerPidfd() {
+  static int fd = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
+  return fd;
+}
+
+// A user namespace with the given maps, kept by an fd: the id mapping that
+// idmapped mounts (OP_IDMAP) apply. One per distinct mapping, made on first
+// use by a child that only waits while its maps are written.
+int IdmapUserns(const std::string& uid_map, const std::string& gid_map, int& err) {
+  static std::map<std::string, int> cache;
+  std::string key = uid_map + "|" + gid_map;
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int hold[2];
+  if (pipe2(hold, O_CLOEXEC) < 0) return err = errno, -1;
+  struct clone_args args;
+  memset(&args, 0, sizeof args);
+  args.flags = CLONE_NEWUSER;
+  args.exit_signal = SIGCHLD;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  long pid = syscall(SYS_clone3, &args, sizeof args);
+  if (pid == 0) {
+    // EOF once the parent closes its end: our copy of that end goes first.
+    close(hold[1]);
+    char c;
+    while (read(hold[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    _exit(0);
+  }
+  err = errno;
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  close(hold[0]);
+  int fd = -1;
+  if (pid > 0) {
+    std::string ns = "/proc/" + std::to_string(pid) + "/ns/user";
+    if (WriteProcFile(static_cast<pid_t>(pid), "uid_map", uid_map, err) &&
+        WriteProcFile(static_cast<pid_t>(pid), "gid_map", gid_map, err)) {
+      fd = open(ns.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) err = errno;
+    }
+  }
+  close(hold[1]);
+  if (pid > 0) waitpid(static_cast<pid_t>(pid), nullptr, 0);
+  if (fd >= 0) cache[key] = fd;
+  return fd;
+}
+
+// A detached recursive clone of the host path, with the mount attributes
+// and (userns >= 0) the id mapping applied; -errno when it cannot be made.
+// A filesystem that cannot be idmapped gets a plain clone and a fallback
+// record, so the sandbox still starts and says which mounts are not mapped.
+int CloneHostSource(const std::string& path, uint64_t attrs, int userns, int op, SpawnReply& reply) {
+  int tree = sys::open_tree(AT_FDCWD, path.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+  if (tree < 0) return -errno;
+  struct mount_attr attr;
+  memset(&attr, 0, sizeof attr);
+  attr.attr_set = attrs;
+  if (userns >= 0) {
+    attr.attr_set |= MOUNT_ATTR_IDMAP;
+    attr.userns_fd = static_cast<uint64_t>(userns);
+    if (sys::mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) == 0) return tree;
+    reply.idmap_fallbacks.push_back({op, errno});
+    attr.attr_set = attrs;
+    attr.userns_fd = 0;
+  }
+  if (attr.attr_set && sys::mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0) {
+    int e = errno;
+    close(tree);
+    return -e;
+  }
+  return tree;
+}
+
+// Clones the host sources of OP_CLONE_IN_PARENT ops, in the order the child
+// takes them (plan.source_fds). The child inherits the fds at clone().
+bool CloneSourcesInParent(Plan& plan, FdSet& child_only, SpawnReply& reply) {
+  size_t n_prefix = plan.prefix_ops ? plan.prefix_ops->size() : 0;
+  int userns = -1;
+  for (size_t i = 0; i < n_prefix + plan.ops.size(); i++) {
+    const MountOp& m = i < n_prefix ? (*plan.prefix_ops)[i] : plan.ops[i - n_prefix];
+    if (!(m.flags & OP_CLONE_IN_PARENT)) continue;
+    if ((m.flags & (OP_IDMAP | OP_UPPER_IDMAP)) && userns < 0) {
+      int err = 0;
+      userns = IdmapUserns(plan.uid_map, plan.gid_map, err);
+      if (userns < 0) return Fail(reply, "creating the user namespace for idmapped mounts ('" + plan.uid_map + "')", err);
+    }
+    int op = static_cast<int>(i);
+    auto add = [&](const std::string& path, uint64_t attrs, bool idmap) {
+      int fd = CloneHostSource(path, attrs, idmap ? userns : -1, op, reply);
+      child_only.Add(fd);
+      plan.source_fds.push_back(fd);
+    };
+    if (m.kind == OpKind::Bind) {
+      add(m.src, MountAttrs(m.flags), m.flags & OP_IDMAP);
+    } else {
+      for (const std::string& lower : m.lowers) add(lower, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, m.flags & OP_IDMAP);
+      if (!m.upper_base.empty()) add(m.upper_base, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, m.flags & OP_UPPER_IDMAP);
+    }
+  }
+  return true;
+}
+
+// Runs a setuid map helper (newuidmap/newgidmap) for the child `pid`:
+// `argv` as the plan built it, with argv[1] replaced by the pid. posix_spawn
+// (glibc: CLONE_VM|CLONE_VFORK, safe in threaded Node) with stdin from
+// /dev/null and stdout/stderr into a pipe, read for the error message; the
+// helper is waited for by its own pid, as libuv reaps only its own children.
+// On failure `what` says which helper failed and how, in its own words.
+bool RunMapper(const std::vector<std::string>& argv_in, pid_t pid, std::string& what) {
+  std::vector<std::string> argv = argv_in;
+  argv[1] = std::to_string(pid);
+  std::string cmdline;
+  for (const std::string& a : argv) cmdline += (cmdline.empty() ? "" : " ") + a;
+  std::vector<char*> ptrs;
+  for (std::string& a : argv) ptrs.push_back(a.data());
+  ptrs.push_back(nullptr);
+  char* no_env[] = {nullptr};
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) < 0) return what = ErrnoText("pipe2 for " + cmdline, errno), false;
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 2);
+  // Node (and the spawner) block and handle signals of their own: the
+  // helper gets defaults.
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  pid_t helper = -1;
+  int rc = posix_spawn(&helper, ptrs[0], &fa, &attr, ptrs.data(), no_env);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  close(out[1]);
+  if (rc != 0) {
+    close(out[0]);
+    return what = ErrnoText("running " + cmdline, rc), false;
+  }
+  std::string msg;
+  char buf[512];
+  for (;;) {
+    ssize_t n = read(out[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (msg.size() < 4096) msg.append(buf, static_cast<size_t>(n));
+  }
+  close(out[0]);
+  int status = 0;
+  while (waitpid(helper, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+  std::string how = WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
+                                      : "signal " + std::to_string(WTERMSIG(status));
+  what = cmdline + " failed (" + how + ")" + (msg.empty() ? "" : ": " + msg);
+  return false;
+}
+
+void KillAndReap(int pidfd) {
+  sys::pidfd_send_signal(pidfd, SIGKILL);
+  siginfo_t si;
+  while (waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd), &si, WEXITED) < 0 && errno == EINTR) {
+  }
+}
+
+// The parent's side before the child may run anything: the id maps of a
+// new sandbox.
+bool ReleaseChild(const Plan& plan, int sync_write, pid_t pid, int pidfd, bool write_maps, SpawnReply& reply) {
+  auto abort_child = [&](const std::string& what, int e) {
+    KillAndReap(pidfd);
+    return Fail(reply, what, e);
+  };
+  int e = 0;
+  if (write_maps && (plan.namespaces & NS_USER)) {
+    for (const auto* mapper : {&plan.uid_mapper, &plan.gid_mapper}) {
+      std::string what;
+      if (mapper->empty() || RunMapper(*mapper, pid, what)) continue;
+      return abort_child("writing the sandbox's id maps: " + what, 0);
+    }
+    if (plan.deny_setgroups && !WriteProcFile(pid, "setgroups", "deny", e))
+      return abort_child("writing the sandbox's setgroups", e);
+    if (!plan.uid_map.empty() && !WriteProcFile(pid, "uid_map", plan.uid_map, e))
+      return abort_child("writing the sandbox's uid_map '" + plan.uid_map + "'", e);
+    if (!plan.gid_map.empty() && !WriteProcFile(pid, "gid_map", plan.gid_map, e))
+      return abort_child("writing the sandbox's gid_map '" + plan.gid_map + "'", e);
+  }
+  char go = 1;
+  if (write(sync_write, &go, 1) != 1) return abort_child("releasing the sandbox child", errno);
+  return true;
+}
+
+long Clone(uint64_t flags, int* pidfd) {
+  struct clone_args args;
+  memset(&args, 0, sizeof args);
+  args.flags = flags | CLONE_PIDFD;
+  args.pidfd = reinterpret_cast<uint64_t>(pidfd);
+  args.exit_signal = SIGCHLD;
+  return syscall(SYS_clone3, &args, sizeof args);
+}
+
+}  // namespace
+
+bool CloneSandbox(SpawnRequest& rq, SpawnReply& reply) {
+  Plan& plan = rq.plan;
+  FdSet child_only;  // fds made here for the child alone: closed after clone
+  if (!rq.enter && !CloneSourcesInParent(plan, child_only, reply)) return false;
+  Stack stack;
+  if (!stack.base) return Fail(reply, "mmap of the child's stack", errno);
+  int sync[2];
+  if (pipe2(sync, O_CLOEXEC) < 0) return Fail(reply, "pipe2", errno);
+  FdSet sync_fds;
+  sync_fds.Add(sync[0]);
+  sync_fds.Add(sync[1]);
+
+  // The mount namespace always: ReadPlan refuses a plan without it. A
+  // command entering a sandbox joins its namespaces with setns() instead.
+  uint64_t flags = rq.enter ? 0 : NamespaceCloneFlags(plan.namespaces) | CLONE_NEWNS;
+  ChildFds cfds{sync[0], sync[1], rq.err_write, rq.status_write, rq.pty_socket, rq.control_read, OwnerPidfd(), stack.top()};
+  int pidfd = -1;
+  // Every signal stays blocked across clone() so none is delivered to the
+  // child through the parent's handlers before it resets them; the child
+  // starts with all of them blocked (RunInit relies on it).
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  long pid = Clone(flags, &pidfd);
+  if (pid == 0) {
+    if (rq.enter) RunEnter(plan, cfds, rq.target_pidfd);
+    RunChild(plan, cfds);
+  }
+  int clone_err = errno;
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (pid < 0) {
+    return Fail(reply, rq.enter ? "clone3" : "clone3 (creating the sandbox's namespaces)" + CloneHint(clone_err), clone_err);
+  }
+  if (!ReleaseChild(plan, sync[1], static_cast<pid_t>(pid), pidfd, !rq.enter, reply)) {
+    close(pidfd);
+    return false;
+  }
+  reply.pid = pid;
+  reply.pidfd = pidfd;
+  return true;
+}
+
+// Where this process's argv and environment lie in its memory, for PID 1 to
+// wipe them in its copy (fields 48-51 of /proc/self/stat, after the command
+// name).
+void ReadHostArgArea() {
+  std::ifstream in("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return;
+  std::istringstream fields(stat.substr(paren + 2));
+  std::vector<std::string> f;
+  for (std::string x; fields >> x;) f.push_back(x);
+  // f[0] is field 3 (state): field N is f[N - 3].
+  if (f.size() < 49) return;
+  auto at = [&](int field) { return static_cast<uintptr_t>(std::stoull(f[field - 3])); };
+  SetHostArgArea(at(48), at(49), at(50), at(51));
+}
+
+}  // namespace msbx

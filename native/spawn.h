@@ -1,0 +1,57 @@
+// The parent's side of a spawn, without N-API: clone the child, write its id
+// maps, release it. Two callers run it: the addon itself (the in-process
+// path, MINISANDBOX_SPAWNER=inprocess) and the spawner (native/spawner.cc),
+// a small process of its own whose clones cost the same whatever Node's heap.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "plan.h"
+
+namespace msbx {
+
+// What a spawn asks for, beyond the plan: the child's ends of the channels
+// the caller made (all fds of the process that runs CloneSandbox). The plan's
+// own fds (plan.fds sources, plan.cgroup_fds) are fds of that process too.
+struct SpawnRequest {
+  Plan plan;
+  bool enter = false;
+  int target_pidfd = -1;   // enter: the sandbox's PID 1
+  int err_write = -1;      // ErrorRecord channel
+  int status_write = -1;   // PID 1's (or the monitor's) report of the wait status
+  int pty_socket = -1;     // plan.pty: the terminal's master goes out here
+  int control_read = -1;   // enter: the monitor's control channel
+};
+
+struct SpawnReply {
+  long pid = -1;
+  int pidfd = -1;  // owned by the caller on success
+  // Sources cloned for an idmapped mount whose filesystem refused the
+  // mapping: {op index, errno}.
+  std::vector<std::pair<int, int>> idmap_fallbacks;
+  // On failure: what failed, and its errno (0: none, `what` says it all).
+  int err = 0;
+  std::string what;
+  // The spawner died before it answered (set by the addon's client).
+  bool spawner_died = false;
+};
+
+// Clones the child (RunChild, or RunEnter into request.target_pidfd), clones
+// the host sources the plan asks the parent for, writes the child's id maps
+// and releases it. False with reply.err/what on failure; the child, if it
+// was made, is killed and reaped. The caller keeps (and closes) every fd of
+// `request`.
+bool CloneSandbox(SpawnRequest& request, SpawnReply& reply);
+
+// "what: ENOENT (No such file or directory)".
+std::string ErrnoText(const std::string& what, int err);
+
+// Reads where this process's argv and environment lie (/proc/self/stat)
+// for PID 1 to wipe them in its copy (SetHostArgArea).
+void ReadHostArgArea();
+
+}  // namespace msbx

@@ -1,0 +1,145 @@
+// msbx-spawner: the process that clones sandboxes for one Node process.
+//
+// Why: a clone copies the caller's page tables, so cloning from Node costs
+// in proportion to Node's heap (8 ms at 60 MiB, 140 ms at 2 GiB). This
+// program is a few MiB; its clones cost the same whatever Node holds. The
+// addon starts it on the first spawn (posix_spawn, a vfork: no copy either)
+// with its end of a Unix stream socket as fd 3 and Node's pid as argv[1],
+// then sends it spawn requests (wire.h) and gets back pids and pidfds.
+//
+// Lifetime: it dies with Node (PR_SET_PDEATHSIG, and it exits on EOF of its
+// socket, which Node's death or close brings); the sandboxes it made with
+// dieWithParent die with it in turn (their own parent-death signal). It is
+// the parent of every sandbox's PID 1 and of every `enter` monitor, so it
+// reaps them, and reports each one's wait status on that process's status
+// pipe (Node cannot waitid() a process that is not its child).
+//
+// Unlike a sandbox's child, this process may allocate and use the C++
+// library freely: it is single-threaded and exec'd fresh, so no lock can be
+// held by a thread that does not exist here. Its clones run the same
+// RunChild/RunEnter as the addon's (spawn.cc), between clone() and execve()
+// with the same async-signal-safe rules.
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "spawn.h"
+#include "sys.h"
+#include "wire.h"
+
+namespace msbx {
+namespace {
+
+constexpr int kSocketFd = 3;
+
+// Each live child (PID 1 or monitor) and our copy of its status pipe's
+// write end: we write its wait status there when we reap it, then close it,
+// so the reader sees the main process's status first (PID 1 writes it
+// before it exits) and EOF only once the child is gone and reaped.
+std::map<pid_t, int> g_status_fds;
+
+void Reap() {
+  for (;;) {
+    int st = 0;
+    pid_t pid = waitpid(-1, &st, WNOHANG | __WALL);
+    if (pid <= 0) return;
+    auto it = g_status_fds.find(pid);
+    if (it == g_status_fds.end()) continue;
+    int32_t status = st;
+    ssize_t unused = write(it->second, &status, sizeof status);
+    (void)unused;
+    close(it->second);
+    g_status_fds.erase(it);
+  }
+}
+
+void Handle(int sock, const std::string& payload, std::vector<int>& fds) {
+  SpawnRequest rq;
+  SpawnReply reply;
+  std::string error;
+  if (!wire::DecodeRequest(payload, fds, rq, error)) {
+    reply.what = error;
+  } else if (CloneSandbox(rq, reply)) {
+    int keep = fcntl(rq.status_write, F_DUPFD_CLOEXEC, 0);
+    if (keep >= 0) g_status_fds[static_cast<pid_t>(reply.pid)] = keep;
+  }
+  // Every fd that came with the request was the child's to inherit: the
+  // child has its copies now, ours go (no fd of Node's stays here).
+  for (int fd : fds) close(fd);
+  fds.clear();
+  std::string out;
+  std::vector<int> out_fds;
+  wire::EncodeReply(reply, out, out_fds);
+  bool sent = wire::Send(sock, wire::Kind::Reply, out, out_fds);
+  if (reply.pidfd >= 0) close(reply.pidfd);
+  if (!sent) _exit(0);  // Node is gone; our children die with us
+}
+
+int Main(int argc, char** argv) {
+  // Die with Node, and make sure it did not die before that was armed.
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) return 1;
+  if (argc < 2 || getppid() != static_cast<pid_t>(strtol(argv[1], nullptr, 10))) return 1;
+  prctl(PR_SET_NAME, "msbx-spawner", 0, 0, 0);
+  // Nothing of Node's but the socket: fds Node left inheritable stay out.
+  sys::close_range(kSocketFd + 1, ~0u, 0);
+  fcntl(kSocketFd, F_SETFD, FD_CLOEXEC);
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &chld, nullptr);
+  int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sfd < 0) return 1;
+  // PID 1 of each sandbox is a copy of us: it wipes our argv (no secrets
+  // here, but the same code path as the addon's).
+  ReadHostArgArea();
+
+  std::string hello = std::to_string(getpid());
+  if (!wire::Send(kSocketFd, wire::Kind::Hello, hello, {})) return 1;
+
+  std::string payload;
+  std::vector<int> fds;
+  for (;;) {
+    struct pollfd p[2] = {{kSocketFd, POLLIN, 0}, {sfd, POLLIN, 0}};
+    if (poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return 1;
+    }
+    if (p[1].revents & POLLIN) {
+      struct signalfd_siginfo si;
+      while (read(sfd, &si, sizeof si) == sizeof si) {
+      }
+      Reap();
+    }
+    if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      wire::Kind kind;
+      int rc = wire::Receive(kSocketFd, kind, payload, fds);
+      // EOF: Node closed the socket or died. Our children with a death
+      // signal die with us; the others are reparented, as they would be if
+      // Node had made them.
+      if (rc <= 0) return 0;
+      if (kind != wire::Kind::Spawn) {
+        for (int fd : fds) close(fd);
+        return 1;
+      }
+      Handle(kSocketFd, payload, fds);
+      // A child that died while we were busy: its SIGCHLD is pending in the
+      // signalfd and reaped on the next turn.
+    }
+  }
+}
+
+}  // namespace
+}  // namespace msbx
+
+int main(int argc, char** argv) { return msbx::Main(argc, argv); }
