@@ -1,6 +1,7 @@
 import { chmodSync, lstatSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { native } from '../lib/native/index.js';
 
 export const isRoot = process.getuid?.() === 0;
 
@@ -21,18 +22,25 @@ export function hostPidsMatching(needle: string): number[] {
 
 /**
  * The sandboxes this process started that are still alive: their PID 1s
- * (`msbx-init`, Node's children). Other test files' sandboxes, running at
- * the same time in other workers, are not counted.
+ * (`msbx-init`, children of this process's spawner, or of Node itself on the
+ * in-process path). Other test files' sandboxes, running at the same time in
+ * other workers, are not counted.
  */
 export function ownSandboxInits(): number[] {
+  const parents = [process.pid, native.spawnerInfo().pid];
   return hostPidsMatching('msbx-init').filter((pid) => {
     try {
-      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-      return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === process.pid;
+      return parents.includes(parentPid(pid));
     } catch {
       return false; // gone meanwhile
     }
   });
+}
+
+/** The parent pid of `pid` (from /proc/<pid>/stat); throws if it is gone. */
+export function parentPid(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
 }
 
 /** A unique `sleep` duration that marks processes of one test in /proc. */

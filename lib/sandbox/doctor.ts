@@ -10,6 +10,7 @@ import { RANGE_IDS, idRangeSupport, rootIdRange } from './policy.js';
 import { run } from './run.js';
 import { DEFAULT_SECCOMP_RULES } from './seccomp.js';
 import { removeTree } from '../files/fsTree.js';
+import { native } from '../native/index.js';
 
 export interface Check {
   name: string;
@@ -161,6 +162,21 @@ function fuseCheck(): Check {
   return { name: '/dev/fuse', ok: true, detail: `${usable ? 'usable' : 'not usable by this user'} (not needed: overlayfs is used)` };
 }
 
+/**
+ * Which path spawns take: the spawner (clones that cost the same whatever
+ * Node's heap) or Node itself. Run after a sandbox check, so a spawner that
+ * cannot start has already failed it with its reason.
+ */
+function spawnerCheck(): Check {
+  const info = native.spawnerInfo();
+  if (info.mode === 'inprocess') {
+    // The in-process path works; it only costs more with a big heap.
+    return { name: 'spawn path', ok: true, detail: `in-process: Node clones each sandbox itself (${info.reason}); each clone copies Node's page tables` };
+  }
+  const running = info.pid !== null ? `running as pid ${info.pid}` : 'not running (it died, or nothing was spawned yet)';
+  return { name: 'spawn path', ok: info.pid !== null, detail: `spawner ${info.path}, ${running}` };
+}
+
 export async function doctor(): Promise<Check[]> {
   return [
     kernelCheck(),
@@ -170,6 +186,7 @@ export async function doctor(): Promise<Check[]> {
       argv: ['sh', '-c', 'test -r /proc/self/status && tty >/dev/null'],
       pty: true,
     }),
+    spawnerCheck(),
     await overlayCheck(),
     await seccompCheck(),
     await idMappingCheck(),

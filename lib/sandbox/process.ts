@@ -2,7 +2,7 @@
  * A process running in a fresh sandbox: streams, exit, signals, and the
  * timeout/abort plumbing that kills the whole tree.
  */
-import { writeSync } from 'node:fs';
+import { closeSync, writeSync } from 'node:fs';
 import { Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import type { Readable, Writable } from 'node:stream';
@@ -114,7 +114,7 @@ export class SandboxProcess implements AsyncDisposable {
   #terminal: Terminal | null = null;
   readonly #pidfd: number | null;
   /** Exec'd into a running sandbox: signals go through its monitor. */
-  readonly #controlFd: number | null;
+  #controlFd: number | null;
   readonly #watch: ExitWatch | null;
   #timer: NodeJS.Timeout | undefined;
   #abortCleanup: (() => void) | undefined;
@@ -159,6 +159,10 @@ export class SandboxProcess implements AsyncDisposable {
     const finish = (info: ExitInfo) => {
       this.exitInfo = info;
       this.#clearTriggers();
+      // The monitor is gone: its control channel serves no more (kill()
+      // sends nothing once exitInfo is set).
+      if (this.#controlFd !== null) closeSync(this.#controlFd);
+      this.#controlFd = null;
       onExit(info);
     };
     if (res.pidfd !== null) {

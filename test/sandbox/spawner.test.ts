@@ -1,0 +1,222 @@
+/**
+ * The spawner (msbx-spawner): the process that clones sandboxes for Node.
+ * It dies with Node and takes its sandboxes along, is replaced when it dies,
+ * fails a request it died during with a named error, leaks no fd, leaves no
+ * zombie, and carries 256 concurrent creates.
+ */
+import { fork } from 'node:child_process';
+import { chmodSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ExecError, Sandbox, SpawnerError, run } from '../../lib/sandbox/index.js';
+import { native, setSpawnMode, type NativePlan } from '../../lib/native/index.js';
+import { callNative } from '../../lib/sandbox/process.js';
+import { hostPidsMatching, parentPid, tempDir, uniqueSleep, waitFor } from '../helpers.js';
+
+let state: ReturnType<typeof tempDir>;
+beforeAll(() => {
+  state = tempDir('msbx-state-');
+  // These tests are about the spawner: they need it (the package's own build).
+  expect(setSpawnMode('spawner').mode).toBe('spawner');
+});
+afterAll(() => {
+  expect(readdirSync(state.path)).toEqual([]);
+  state.remove();
+});
+const create = (opts: Parameters<typeof Sandbox.create>[0] = {}) => Sandbox.create({ stateDir: state.path, ...opts });
+
+const alive = (pid: number): boolean => {
+  try {
+    // A zombie is dead: only its parent's wait is missing.
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z';
+  } catch {
+    return false;
+  }
+};
+
+/** The spawner, running: its pid once a spawn has started it. */
+async function runningSpawner(): Promise<number> {
+  await run({ argv: ['/bin/true'] });
+  const pid = native.spawnerInfo().pid;
+  expect(pid).not.toBeNull();
+  return pid!;
+}
+
+const fdCount = (pid: number | 'self') => readdirSync(`/proc/${pid}/fd`).length;
+
+/** Children of `parent` that are zombies (exited, never reaped). */
+function zombiesOf(parent: number): number[] {
+  return readdirSync('/proc')
+    .filter((e) => /^\d+$/.test(e))
+    .map(Number)
+    .filter((pid) => {
+      try {
+        const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+        return stat.slice(stat.lastIndexOf(')') + 2)[0] === 'Z' && parentPid(pid) === parent;
+      } catch {
+        return false;
+      }
+    });
+}
+
+describe('the spawner', () => {
+  it('is a small process of its own, child of Node, parent of the sandboxes', async () => {
+    const spawner = await runningSpawner();
+    expect(parentPid(spawner)).toBe(process.pid);
+    expect(readFileSync(`/proc/${spawner}/comm`, 'utf8').trim()).toBe('msbx-spawner');
+    // A few MiB, not Node's heap: that is what makes its clones cheap.
+    const rss = Number(/VmRSS:\s*(\d+) kB/.exec(readFileSync(`/proc/${spawner}/status`, 'utf8'))![1]);
+    expect(rss).toBeLessThan(16 * 1024);
+    await using sb = await create();
+    expect(parentPid(sb.pid)).toBe(spawner);
+  });
+
+  it('dies when Node is SIGKILLed, and every sandbox with it, persistent and one-shot', async () => {
+    const mark = uniqueSleep();
+    const dir = tempDir('msbx-owner-');
+    try {
+      const entry = new URL('../../dist/lib/index.js', import.meta.url).pathname;
+      const nativeEntry = new URL('../../dist/lib/native/index.js', import.meta.url).pathname;
+      const script = join(dir.path, 'owner.mjs');
+      writeFileSync(
+        script,
+        `const { Sandbox, spawn } = await import(${JSON.stringify(entry)});
+         const { native } = await import(${JSON.stringify(nativeEntry)});
+         const sb = await Sandbox.create({ stateDir: ${JSON.stringify(state.path)} });
+         sb.spawn(['sleep', '${mark}']);
+         const once = spawn({ argv: ['sleep', '${mark}'] });
+         await once.ready;
+         process.send({ spawner: native.spawnerInfo().pid, init: sb.pid, once: once.pid, privateDir: sb.privateDir });
+         setInterval(() => {}, 1000);`,
+      );
+      const child = fork(script, [], { stdio: 'ignore' });
+      const pids = await new Promise<{ spawner: number; init: number; once: number; privateDir: string }>((res, rej) => {
+        child.on('message', (m) => res(m as never));
+        child.on('exit', () => rej(new Error('owner exited early')));
+      });
+      expect(await waitFor(() => hostPidsMatching(mark).length === 2)).toBe(true);
+      const sleeps = hostPidsMatching(mark);
+      expect(parentPid(pids.spawner)).toBe(child.pid);
+      for (const pid of [pids.spawner, pids.init, pids.once]) expect(alive(pid)).toBe(true);
+      child.kill('SIGKILL');
+      for (const pid of [pids.spawner, pids.init, pids.once, ...sleeps]) expect(await waitFor(() => !alive(pid), 5000), `pid ${pid}`).toBe(true);
+      expect(hostPidsMatching(mark)).toEqual([]);
+      // The owner is gone: gc removes what it left (and the afterAll check passes).
+      const { collectGarbage } = await import('../../lib/sandbox/index.js');
+      await waitFor(() => child.exitCode !== null || child.signalCode !== null);
+      expect((await collectGarbage(state.path)).removed).toEqual([pids.privateDir]);
+    } finally {
+      dir.remove();
+    }
+  }, 60_000);
+
+  it('is replaced when killed, and the next spawn works', async () => {
+    const first = await runningSpawner();
+    const { started } = native.spawnerInfo();
+    process.kill(first, 'SIGKILL');
+    expect(await waitFor(() => !alive(first))).toBe(true);
+    const r = await run({ argv: ['/bin/sh', '-c', 'echo again'] });
+    expect(r.stdout).toBe('again\n');
+    const info = native.spawnerInfo();
+    expect(info.started).toBe(started + 1);
+    expect(info.pid).not.toBe(first);
+    // The dead one was reaped, not left as Node's zombie.
+    expect(zombiesOf(process.pid)).not.toContain(first);
+  });
+
+  it('fails a request it dies during with a SpawnerError, and the next spawn works', async () => {
+    const dir = tempDir('msbx-mapper-');
+    try {
+      // A uid-map helper that kills its parent, the spawner, while the spawner
+      // waits for it in the middle of a request.
+      const mapper = join(dir.path, 'kill-parent');
+      writeFileSync(mapper, '#!/bin/sh\nkill -KILL $PPID\nsleep 1\nexit 1\n');
+      chmodSync(mapper, 0o755);
+      chmodSync(dir.path, 0o755);
+      // A bare plan: the child never gets past waiting for its maps.
+      const doomed: NativePlan = {
+        namespaces: ['user', 'mount', 'pid'],
+        ops: [],
+        argv: ['/bin/true'],
+        env: [],
+        execCandidates: ['/bin/true'],
+        cwd: '/',
+        stdio: ['null', 'null', 'null'],
+        uidMapper: [mapper, '0', '0 0 1'],
+      };
+      const before = native.spawnerInfo().started;
+      let error: unknown;
+      try {
+        callNative(() => native.spawn(doomed));
+      } catch (e) {
+        error = e;
+      }
+      expect(error).toBeInstanceOf(SpawnerError);
+      expect((error as SpawnerError).code).toBe('MSBX_SPAWNER');
+      expect((error as Error).message).toMatch(/spawner \(msbx-spawner, pid \d+\) died before it answered \(killed by signal 9\)/);
+      const r = await run({ argv: ['/bin/sh', '-c', 'echo after'] });
+      expect(r.stdout).toBe('after\n');
+      expect(native.spawnerInfo().started).toBe(before + 1);
+    } finally {
+      dir.remove();
+    }
+  });
+
+  it('reports setup errors naming the step, as the in-process path does', async () => {
+    await expect(run({ argv: ['/no/such/program'] })).rejects.toBeInstanceOf(ExecError);
+    await expect(run({ argv: ['/no/such/program'] })).rejects.toMatchObject({ step: 'exec', code: 'ENOENT' });
+    await using sb = await create();
+    await expect(sb.exec(['/bin/true'], { cwd: '/no/such/dir' })).rejects.toMatchObject({ step: 'chdir', code: 'ENOENT' });
+  });
+
+  it('leaks no fd into Node, the spawner or the sandbox over 200 spawns, and leaves no zombie', async () => {
+    await using sb = await create();
+    const spawner = await runningSpawner();
+    await sb.exec(['/bin/true']);
+    const nodeBefore = fdCount('self');
+    const spawnerBefore = fdCount(spawner);
+    for (let i = 0; i < 100; i++) {
+      await run({ argv: ['/bin/true'] });
+      await sb.exec(['/bin/true']);
+    }
+    expect(native.spawnerInfo().pid).toBe(spawner);
+    // Sockets close on the event loop: give the last ones a turn.
+    expect(await waitFor(() => fdCount('self') <= nodeBefore)).toBe(true);
+    expect(await waitFor(() => fdCount(spawner) === spawnerBefore)).toBe(true);
+    expect(await waitFor(() => zombiesOf(spawner).length === 0)).toBe(true);
+    // The command sees its three streams and the directory it lists, no more.
+    const r = await sb.exec(['/bin/ls', '/proc/self/fd']);
+    expect(r.stdout.trim().split('\n').sort()).toEqual(['0', '1', '2', '3']);
+    // And the spawner holds: stdio, its socket, its signalfd, its own pidfd,
+    // an idmap user namespace (root), and one status pipe per live child
+    // (here the sandbox's PID 1).
+    expect(fdCount(spawner)).toBeLessThanOrEqual(8);
+  }, 120_000);
+
+  it('creates 256 sandboxes at once, each running a command', async () => {
+    const sandboxes = await Promise.all(Array.from({ length: 256 }, () => create()));
+    try {
+      const results = await Promise.all(sandboxes.map((sb, i) => sb.exec(['/bin/sh', '-c', `echo ${i}`])));
+      results.forEach((r, i) => expect(r.stdout).toBe(`${i}\n`));
+    } finally {
+      await Promise.all(sandboxes.map((sb) => sb.close()));
+    }
+    expect(await waitFor(() => zombiesOf(native.spawnerInfo().pid!).length === 0)).toBe(true);
+  }, 300_000);
+
+  it('can be switched off (the in-process path), and back on', async () => {
+    try {
+      const info = setSpawnMode('inprocess');
+      expect(info).toMatchObject({ mode: 'inprocess', path: null });
+      const r = await run({ argv: ['/bin/sh', '-c', 'echo inprocess'] });
+      expect(r.stdout).toBe('inprocess\n');
+      await using sb = await create();
+      expect(parentPid(sb.pid)).toBe(process.pid);
+      expect((await sb.exec(['/bin/sh', '-c', 'echo enter'])).stdout).toBe('enter\n');
+    } finally {
+      expect(setSpawnMode('spawner').mode).toBe('spawner');
+    }
+    expect((await run({ argv: ['/bin/sh', '-c', 'echo spawner'] })).stdout).toBe('spawner\n');
+  });
+});
