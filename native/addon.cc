@@ -167,6 +167,7 @@ struct SpawnerState {
   std::mutex mu;
   std::string path;  // the binary; empty: the in-process path
   std::string reason;  // why the in-process path, when it is
+  std::string running;  // the binary of the spawner running now
   int sock = -1;
   pid_t pid = -1;
   int started = 0;  // spawners started so far (one, unless they died)
@@ -234,6 +235,7 @@ bool StartSpawner(SpawnReply& reply) {
   }
   s.sock = sv[0];
   s.pid = pid;
+  s.running = s.path;
   s.started++;
   // Its hello: it runs, speaks our protocol version, and is ready.
   struct pollfd p = {s.sock, POLLIN, 0};
@@ -370,13 +372,14 @@ Napi::Value Execute(Napi::Env env, Prepared& p, bool enter, int target_pidfd) {
 }
 
 // configureSpawner(path | null, reason?): which path spawns take from now
-// on. A running spawner of another path is retired (its sandboxes with
-// dieWithParent die with it).
+// on. A running spawner of another binary is retired (its sandboxes with
+// dieWithParent die with it); switching to the in-process path keeps it,
+// idle, for a switch back (the benchmark alternates the two).
 Napi::Value ConfigureSpawner(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::lock_guard<std::mutex> lock(g_spawner.mu);
   std::string path = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "";
-  if (path != g_spawner.path && g_spawner.sock >= 0) RetireSpawner();
+  if (!path.empty() && path != g_spawner.running && g_spawner.sock >= 0) RetireSpawner();
   g_spawner.path = path;
   g_spawner.reason = info.Length() > 1 && info[1].IsString() ? info[1].As<Napi::String>().Utf8Value() : "";
   return env.Undefined();

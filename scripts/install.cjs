@@ -16,7 +16,7 @@ const { spawnSync } = require('node:child_process');
 const { createHash } = require('node:crypto');
 const fs = require('node:fs');
 const path = require('node:path');
-const { PREBUILT_ARCHS, loadAddon, prebuildFile, prebuildTarget } = require('../lib/native/addon.cjs');
+const { PREBUILT_ARCHS, loadAddon, prebuildFile, prebuildSpawnerFile, prebuildTarget } = require('../lib/native/addon.cjs');
 
 const ROOT = path.resolve(__dirname, '..');
 const MANIFEST = path.join('prebuilds', 'manifest.json');
@@ -65,6 +65,7 @@ function reasonToBuild(root = ROOT, env = process.env) {
   if (!target) return reason;
   const manifest = readManifest(root);
   if (!manifest?.targets?.[target] || !fs.existsSync(prebuildFile(root, target))) return `this package has no prebuilt ${target} addon`;
+  if (!fs.existsSync(prebuildSpawnerFile(root, target))) return `this package has no prebuilt ${target} spawner (msbx-spawner)`;
   if (manifest.sources !== sourcesDigest(root)) return `the prebuilt addons were built from other sources than native/ holds now (npm run prebuilds makes them anew)`;
   try {
     require(prebuildFile(root, target));
@@ -99,6 +100,12 @@ function prebuildProblems(root = ROOT) {
     if (!fs.existsSync(file)) problems.push(`${path.relative(root, file)} is missing: run npm run prebuilds`);
     else if (createHash('sha256').update(fs.readFileSync(file)).digest('hex') !== want)
       problems.push(`${path.relative(root, file)} is not the binary ${MANIFEST} records: run npm run prebuilds`);
+    const spawner = prebuildSpawnerFile(root, target);
+    const wantSpawner = manifest.targets?.[target]?.spawner?.sha256;
+    if (!fs.existsSync(spawner)) problems.push(`${path.relative(root, spawner)} is missing: run npm run prebuilds`);
+    else if (createHash('sha256').update(fs.readFileSync(spawner)).digest('hex') !== wantSpawner)
+      problems.push(`${path.relative(root, spawner)} is not the binary ${MANIFEST} records: run npm run prebuilds`);
+    else if ((fs.statSync(spawner).mode & 0o111) === 0) problems.push(`${path.relative(root, spawner)} is not executable: chmod 755 it`);
   }
   return problems;
 }
@@ -115,6 +122,10 @@ function main(args) {
     // (source builds load first); `node-gyp rebuild`, the install step this
     // replaces, cleaned it too.
     fs.rmSync(path.join(ROOT, 'build'), { recursive: true, force: true });
+    // The spawner must be executable: a package tool that dropped the mode
+    // bits would otherwise leave spawns on the slower in-process path.
+    const spawner = prebuildSpawnerFile(ROOT, prebuildTarget().target);
+    fs.chmodSync(spawner, fs.statSync(spawner).mode | 0o755);
     process.stdout.write(`minisandbox: using the prebuilt addon ${prebuildTarget().target}\n`);
     return 0;
   }

@@ -1,8 +1,8 @@
 #!/usr/bin/env node
 'use strict';
 /**
- * `npm run prebuilds [-- x64|arm64 ...]`: builds the addon for linux-x64 and
- * linux-arm64 (glibc) into prebuilds/, and records what they were built from
+ * `npm run prebuilds [-- x64|arm64 ...]`: builds the addon and its spawner
+ * (msbx-spawner) for linux-x64 and linux-arm64 (glibc) into prebuilds/, and records what they were built from
  * in prebuilds/manifest.json. The architecture Node runs on is built with the
  * machine's g++; the other with Debian's cross compiler
  * (`apt-get install g++-aarch64-linux-gnu`, or g++-x86-64-linux-gnu on arm64).
@@ -23,7 +23,7 @@ const { createHash } = require('node:crypto');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { PREBUILT_ARCHS, prebuildFile } = require('../lib/native/addon.cjs');
+const { PREBUILT_ARCHS, prebuildFile, prebuildSpawnerFile } = require('../lib/native/addon.cjs');
 const { nodeGypEnv, readManifest, sourcesDigest } = require('./install.cjs');
 
 const ROOT = path.resolve(__dirname, '..');
@@ -78,16 +78,36 @@ function buildTarget(arch, scratch) {
   const nodeGyp = path.join(ROOT, 'node_modules', '.bin', 'node-gyp');
   run(nodeGyp, ['rebuild', `--arch=${arch}`], { cwd: scratch, env: nodeGypEnv({ CC: tools.cc, CXX: tools.cxx }) });
   const file = path.join(scratch, 'build', 'Release', 'minisandbox.node');
-  const machine = /Machine:\s*(.*)/.exec(run('readelf', ['-h', file]))?.[1]?.trim();
-  if (machine !== ELF_MACHINE[arch]) throw new Error(`the ${arch} build is an ELF for ${machine}, not ${ELF_MACHINE[arch]}`);
-  const glibc = maxGlibc(file);
-  if (glibc && compareVersions(glibc, MAX_GLIBC) > 0) throw new Error(`the ${arch} build needs GLIBC_${glibc}, newer than Debian 12's ${MAX_GLIBC}`);
+  const spawner = path.join(scratch, 'build', 'Release', 'msbx-spawner');
+  const glibc = checkElf(arch, file);
+  const spawnerGlibc = checkElf(arch, spawner);
   if (arch === process.arch) {
     const addon = require(file);
     if (typeof addon.spawn !== 'function' || !(addon.syscalls?.openat > 0)) throw new Error(`the ${arch} build loads but lacks spawn or its syscall table`);
   }
   const data = fs.readFileSync(file);
-  return { file, record: { sha256: createHash('sha256').update(data).digest('hex'), bytes: data.length, glibc, compiler: tools.compiler } };
+  const spawnerData = fs.readFileSync(spawner);
+  return {
+    file,
+    spawner,
+    record: {
+      sha256: createHash('sha256').update(data).digest('hex'),
+      bytes: data.length,
+      glibc,
+      compiler: tools.compiler,
+      // The spawner (native/spawner.cc), shipped beside the addon it serves.
+      spawner: { sha256: createHash('sha256').update(spawnerData).digest('hex'), bytes: spawnerData.length, glibc: spawnerGlibc },
+    },
+  };
+}
+
+/** Checks a built binary's ELF machine and glibc needs; returns the newest GLIBC version it needs. */
+function checkElf(arch, file) {
+  const machine = /Machine:\s*(.*)/.exec(run('readelf', ['-h', file]))?.[1]?.trim();
+  if (machine !== ELF_MACHINE[arch]) throw new Error(`the ${arch} build of ${path.basename(file)} is an ELF for ${machine}, not ${ELF_MACHINE[arch]}`);
+  const glibc = maxGlibc(file);
+  if (glibc && compareVersions(glibc, MAX_GLIBC) > 0) throw new Error(`the ${arch} build of ${path.basename(file)} needs GLIBC_${glibc}, newer than Debian 12's ${MAX_GLIBC}`);
+  return glibc;
 }
 
 function main(args) {
@@ -99,10 +119,12 @@ function main(args) {
   for (const arch of archs) {
     const scratch = fs.mkdtempSync(path.join(os.tmpdir(), `msbx-prebuild-${arch}-`));
     try {
-      const { file, record } = buildTarget(arch, scratch);
+      const { file, spawner, record } = buildTarget(arch, scratch);
       const target = `linux-${arch}-glibc`;
       fs.mkdirSync(path.dirname(prebuildFile(ROOT, target)), { recursive: true });
       fs.copyFileSync(file, prebuildFile(ROOT, target));
+      fs.copyFileSync(spawner, prebuildSpawnerFile(ROOT, target));
+      fs.chmodSync(prebuildSpawnerFile(ROOT, target), 0o755);
       targets[target] = record;
       process.stdout.write(`${target}: ${record.bytes} bytes, GLIBC_${record.glibc} at most, ${record.compiler}\n`);
     } finally {

@@ -1,0 +1,227 @@
+/**
+ * What the caller's heap costs a spawn (issue 12). Sweeps the memory this
+ * Node process holds (60 MiB, 1 GiB, 4 GiB: allocated and touched, held
+ * live) and at each size times, on the spawner path:
+ *
+ *   exec     sb.exec(['/bin/true']) in a persistent sandbox
+ *   run      run({ argv: ['/bin/true'] })
+ *   create   Sandbox.create() + its first exec (the close is not timed)
+ *   child_process.spawn('/bin/true'), the reference: Node's own fork cost
+ *
+ * and the same three on the in-process path (Node clones the sandbox
+ * itself, as before the spawner), fewer times, to show what the spawner
+ * saves. Then prints, per operation, the ratio of the median at the largest
+ * size to the median at the smallest, with a verdict (target <= 1.3), and at
+ * the smallest size the spawner path against the in-process path, timed in
+ * ABBA order in this one process (target: no slower, ratio <= 1.0 within
+ * noise: the verdict allows 5%).
+ *
+ *   node --max-old-space-size=8192 dist/benchmarks/heap.js [--iterations N]
+ *        [--create-iterations N] [--sizes 60,1024,4096] [--json]
+ *
+ * Progress goes to stderr, results to stdout.
+ */
+import { spawn as spawnChild } from 'node:child_process';
+import { performance } from 'node:perf_hooks';
+import { Sandbox, run } from '../lib/sandbox/index.js';
+import { native, setSpawnMode, type SpawnMode } from '../lib/native/index.js';
+import { formatMs, formatRatio, formatTable } from '../lib/format.js';
+import { summarize, timePair, type Summary } from './lib/stats.js';
+
+const TARGET_HEAP_RATIO = 1.3; // median at the largest heap / median at the smallest
+const TARGET_VS_INPROCESS = 1.05; // spawner / in-process at the smallest heap (no slower; 5% noise)
+const MiB = 1024 * 1024;
+
+interface Options {
+  iterations: number;
+  createIterations: number;
+  sizes: number[]; // MiB of RSS to reach
+  json: boolean;
+}
+
+function parseArgs(argv: string[]): Options {
+  const opts: Options = { iterations: 40, createIterations: 15, sizes: [60, 1024, 4096], json: false };
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    const value = () => {
+      const v = argv[++i];
+      if (v === undefined) throw new Error(`${arg} needs a value`);
+      return v;
+    };
+    if (arg === '--json') opts.json = true;
+    else if (arg === '--iterations') opts.iterations = Number(value());
+    else if (arg === '--create-iterations') opts.createIterations = Number(value());
+    else if (arg === '--sizes') opts.sizes = value().split(',').map(Number);
+    else throw new Error(`unknown option ${arg}`);
+  }
+  if (![opts.iterations, opts.createIterations, ...opts.sizes].every((n) => Number.isInteger(n) && n > 0)) throw new Error('counts and sizes must be positive integers');
+  return opts;
+}
+
+const log = (msg: string) => process.stderr.write(`${msg}\n`);
+
+// The memory held live: Buffers (outside V8's heap, the bulk) and a share of
+// JavaScript arrays (V8's heap), every page written so it is really mapped.
+const held: unknown[] = [];
+function growTo(mib: number): number {
+  const rss = () => process.memoryUsage().rss / MiB;
+  while (rss() < mib) {
+    const step = Math.min(256, Math.ceil(mib - rss()));
+    if (held.length % 4 === 3) {
+      // ~step MiB of V8 heap: arrays of doubles (8 bytes each).
+      const chunk: number[][] = [];
+      for (let k = 0; k < step; k++) chunk.push(Array.from({ length: MiB / 8 }, (_, j) => j + 0.5));
+      held.push(chunk);
+    } else {
+      held.push(Buffer.alloc(step * MiB, 1));
+    }
+  }
+  return rss();
+}
+
+function nodeSpawn(): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const c = spawnChild('/bin/true', { stdio: 'ignore' });
+    c.on('error', reject);
+    c.on('exit', () => resolve());
+  });
+}
+
+async function timeN(n: number, fn: () => Promise<unknown>, warmup = 2): Promise<number[]> {
+  for (let i = 0; i < warmup; i++) await fn();
+  const samples: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const t = performance.now();
+    await fn();
+    samples.push(performance.now() - t);
+  }
+  return samples;
+}
+
+/** Runs fn with spawns on the given path. */
+async function on<T>(mode: SpawnMode, fn: () => Promise<T>): Promise<T> {
+  setSpawnMode(mode);
+  try {
+    return await fn();
+  } finally {
+    setSpawnMode('spawner');
+  }
+}
+
+interface Row {
+  sizeMiB: number;
+  rssMiB: number;
+  op: string;
+  path: SpawnMode | 'node';
+  summary: Summary;
+}
+
+async function main(): Promise<void> {
+  const opts = parseArgs(process.argv.slice(2));
+  if (setSpawnMode('spawner').mode !== 'spawner') throw new Error(`no spawner binary: ${native.spawnerInfo().reason}`);
+  const rows: Row[] = [];
+  const sizes = [...opts.sizes].sort((a, b) => a - b);
+  const ops = {
+    exec: (sb: Sandbox) => () => sb.exec(['/bin/true']),
+    run: () => () => run({ argv: ['/bin/true'] }),
+    // Sandbox.create + first exec; the caller closes it.
+    create: () => async () => {
+      const sb = await Sandbox.create();
+      await sb.exec(['/bin/true']);
+      return sb;
+    },
+  };
+  let abba: Record<string, [Summary, Summary]> = {};
+  for (const size of sizes) {
+    const rss = growTo(size);
+    log(`heap: ${size} MiB asked, RSS ${rss.toFixed(0)} MiB`);
+    const sb = await Sandbox.create();
+    try {
+      const record = (op: string, path: Row['path'], samples: number[]) => rows.push({ sizeMiB: size, rssMiB: Math.round(rss), op, path, summary: summarize(samples) });
+      const createOnce = async () => {
+        const t = performance.now();
+        const s = await Sandbox.create();
+        await s.exec(['/bin/true']);
+        const ms = performance.now() - t;
+        await s.close();
+        return ms;
+      };
+      const createSamples = async (n: number) => {
+        const out: number[] = [];
+        await createOnce();
+        for (let i = 0; i < n; i++) out.push(await createOnce());
+        return out;
+      };
+      record('exec', 'spawner', await timeN(opts.iterations, ops.exec(sb)));
+      record('run', 'spawner', await timeN(opts.iterations, ops.run()));
+      record('create', 'spawner', await createSamples(opts.createIterations));
+      record('child_process.spawn', 'node', await timeN(opts.iterations, nodeSpawn));
+      const few = Math.max(5, Math.round(opts.iterations / 4));
+      record('exec', 'inprocess', await on('inprocess', () => timeN(few, ops.exec(sb))));
+      record('run', 'inprocess', await on('inprocess', () => timeN(few, ops.run())));
+      record('create', 'inprocess', await on('inprocess', () => createSamples(Math.max(3, Math.round(opts.createIterations / 3)))));
+      if (size === sizes[0]) {
+        // Spawner against in-process, A B B A in this one process.
+        log('spawner vs in-process, ABBA');
+        const via = (mode: SpawnMode, fn: () => Promise<unknown>) => async () => {
+          setSpawnMode(mode);
+          await fn();
+        };
+        const pair = async (fn: () => Promise<unknown>, n: number) => {
+          const [a, b] = await timePair(n, 2, via('spawner', fn), via('inprocess', fn));
+          setSpawnMode('spawner');
+          return [summarize(a), summarize(b)] as [Summary, Summary];
+        };
+        abba = {
+          exec: await pair(ops.exec(sb), opts.iterations),
+          run: await pair(ops.run(), opts.iterations),
+          create: await pair(async () => (await ops.create()()).close(), opts.createIterations),
+        };
+      }
+    } finally {
+      await sb.close();
+    }
+  }
+
+  const small = sizes[0]!;
+  const large = sizes[sizes.length - 1]!;
+  const median = (op: string, path: Row['path'], size: number) => rows.find((r) => r.op === op && r.path === path && r.sizeMiB === size)?.summary.median ?? NaN;
+  const verdicts: { what: string; ratio: number; target: string; ok: boolean }[] = [];
+  for (const op of ['exec', 'run', 'create']) {
+    const ratio = median(op, 'spawner', large) / median(op, 'spawner', small);
+    verdicts.push({ what: `${op} (spawner): ${large} MiB / ${small} MiB`, ratio, target: `<= ${TARGET_HEAP_RATIO}`, ok: ratio <= TARGET_HEAP_RATIO });
+  }
+  for (const op of ['exec', 'run', 'create']) {
+    const ratio = median(op, 'inprocess', large) / median(op, 'inprocess', small);
+    verdicts.push({ what: `${op} (in-process, for reference): ${large} MiB / ${small} MiB`, ratio, target: '-', ok: true });
+  }
+  const nodeRatio = median('child_process.spawn', 'node', large) / median('child_process.spawn', 'node', small);
+  verdicts.push({ what: `child_process.spawn (reference): ${large} MiB / ${small} MiB`, ratio: nodeRatio, target: '-', ok: true });
+  for (const [op, [a, b]] of Object.entries(abba)) {
+    const ratio = a.median / b.median;
+    verdicts.push({ what: `${op} at ${small} MiB: spawner / in-process (ABBA)`, ratio, target: `<= ${TARGET_VS_INPROCESS}`, ok: ratio <= TARGET_VS_INPROCESS });
+  }
+
+  if (opts.json) {
+    process.stdout.write(`${JSON.stringify({ rows, abba, verdicts }, null, 2)}\n`);
+    return;
+  }
+  const table: string[][] = [['heap', 'RSS', 'operation', 'path', 'n', 'median', 'p95']];
+  for (const r of rows) table.push([`${r.sizeMiB} MiB`, `${r.rssMiB} MiB`, r.op, r.path, String(r.summary.n), formatMs(r.summary.median), formatMs(r.summary.p95)]);
+  process.stdout.write(`${formatTable(table)}\n\n`);
+  const abbaTable: string[][] = [['operation', 'spawner median', 'p95', 'in-process median', 'p95']];
+  for (const [op, [a, b]] of Object.entries(abba)) abbaTable.push([op, formatMs(a.median), formatMs(a.p95), formatMs(b.median), formatMs(b.p95)]);
+  process.stdout.write(`at ${small} MiB, ABBA:\n${formatTable(abbaTable)}\n\n`);
+  for (const v of verdicts) {
+    const tag = v.target === '-' ? '    ' : v.ok ? 'PASS' : 'FAIL';
+    process.stdout.write(`${tag} ${v.what}: ${formatRatio(v.ratio)}${v.target === '-' ? '' : ` (target ${v.target})`}\n`);
+  }
+}
+
+main().then(
+  () => process.exit(0),
+  (err: Error) => {
+    process.stderr.write(`heap: ${err.stack ?? err.message}\n`);
+    process.exit(1);
+  },
+);
