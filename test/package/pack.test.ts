@@ -4,7 +4,7 @@
  * installed `minisandbox doctor`.
  */
 import { spawnSync, type SpawnSyncReturns } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, readdirSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { dirname, join, posix, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -97,6 +97,9 @@ describe('the packed tarball', () => {
       'prebuilds/manifest.json',
       'prebuilds/linux-x64-glibc/minisandbox.node',
       'prebuilds/linux-arm64-glibc/minisandbox.node',
+      'prebuilds/linux-x64-glibc/msbx-spawner',
+      'prebuilds/linux-arm64-glibc/msbx-spawner',
+      'native/spawner.cc',
     ])
       expect(files).toContain(f);
     const unwanted = files.filter((f) => /^(benchmarks|dist\/benchmarks|test|build|node_modules|sbench)\b|\.test\.|^scripts\/(?!install\.cjs$)/.test(f));
@@ -144,6 +147,11 @@ describe('the packed tarball', () => {
       const doctor = run('npx', ['--no-install', 'minisandbox', 'doctor'], dir, env);
       expect(doctor.status, doctor.stdout + doctor.stderr).toBe(0);
       expect(doctor.stdout).toMatch(/^ok {4}user\+mount\+pid\+ipc\+uts\+net namespaces/m);
+      // Spawns go through the prebuilt spawner, executable as unpacked (even
+      // with the install script withheld, which would chmod it).
+      const spawner = join(pkg, 'prebuilds', `linux-${process.arch}-glibc`, 'msbx-spawner');
+      expect(statSync(spawner).mode & 0o111).not.toBe(0);
+      expect(doctor.stdout).toContain(`spawner ${spawner}, running as pid`);
     }
     installedApp = plain.dir;
   }, 300_000);
@@ -201,5 +209,7 @@ try {
     expect(loadedFrom(pkg, env)).toBe(join('build', 'Release', 'minisandbox.node'));
     const doctor = run('npx', ['--no-install', 'minisandbox', 'doctor'], built.dir, env);
     expect(doctor.status, doctor.stdout + doctor.stderr).toBe(0);
+    // And the spawner of that build, not the prebuilt one (another protocol, maybe).
+    expect(doctor.stdout).toContain(`spawner ${join(pkg, 'build', 'Release', 'msbx-spawner')}, running as pid`);
   }, 300_000);
 });

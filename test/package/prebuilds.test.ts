@@ -6,7 +6,7 @@
  */
 import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { cpSync, existsSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -19,13 +19,15 @@ const require = createRequire(import.meta.url);
 interface Manifest {
   sources: string;
   node: string;
-  targets: Record<string, { sha256: string; bytes: number; glibc: string; compiler: string }>;
+  targets: Record<string, { sha256: string; bytes: number; glibc: string; compiler: string; spawner?: { sha256: string; bytes: number; glibc: string } }>;
 }
 const addon = require(join(ROOT, 'lib/native/addon.cjs')) as {
   PREBUILT_ARCHS: string[];
   nodeLibc(executable?: string): string | undefined;
   prebuildTarget(libc?: string): { target?: string; reason?: string };
   prebuildFile(root: string, target: string): string;
+  prebuildSpawnerFile(root: string, target: string): string;
+  spawnerFile(root: string): { file?: string; reason?: string };
 };
 const install = require(join(ROOT, 'scripts/install.cjs')) as {
   prebuildProblems(root: string): string[];
@@ -33,7 +35,7 @@ const install = require(join(ROOT, 'scripts/install.cjs')) as {
   reasonToBuild(root: string, env: Record<string, string>): string | undefined;
 };
 const prebuild = require(join(ROOT, 'scripts/prebuild.cjs')) as {
-  buildTarget(arch: string, scratch: string): { file: string; record: Manifest['targets'][string] };
+  buildTarget(arch: string, scratch: string): { file: string; spawner: string; record: Manifest['targets'][string] };
   maxGlibc(file: string): string;
   MAX_GLIBC: string;
   ELF_MACHINE: Record<string, string>;
@@ -78,6 +80,42 @@ describe('prebuilt addons', () => {
     expect(major! * 1000 + minor!).toBeLessThanOrEqual(2036);
   });
 
+  it.each(addon.PREBUILT_ARCHS)('linux-%s has its spawner beside it: an executable for that machine, as the manifest records', (arch) => {
+    const file = addon.prebuildSpawnerFile(ROOT, `linux-${arch}-glibc`);
+    expect(statSync(file).mode & 0o111, `${file} is executable`).not.toBe(0);
+    const header = spawnSync('readelf', ['-h', file], { encoding: 'utf8' });
+    expect(header.status, header.stderr).toBe(0);
+    expect(header.stdout).toMatch(new RegExp(`Machine:\\s*${prebuild.ELF_MACHINE[arch]}`));
+    expect(header.stdout).toMatch(/Type:\s*(DYN|EXEC)/);
+    const want = manifest.targets[`linux-${arch}-glibc`]!.spawner!;
+    expect(sha256(file)).toBe(want.sha256);
+    const glibc = prebuild.maxGlibc(file);
+    expect(glibc).toBe(want.glibc);
+    const [major, minor] = glibc.split('.').map(Number);
+    expect(major! * 1000 + minor!).toBeLessThanOrEqual(2036);
+  });
+
+  it('a missing prebuilt spawner is named by npm pack\'s check and by the loader, which then clones in-process', () => {
+    const copy = tempDir('msbx-nospawner-');
+    try {
+      for (const p of ['package.json', 'binding.gyp', 'native', 'prebuilds']) cpSync(join(ROOT, p), join(copy.path, p), { recursive: true });
+      const target = `linux-${process.arch}-glibc`;
+      rmSync(addon.prebuildSpawnerFile(copy.path, target));
+      expect(install.prebuildProblems(copy.path)).toEqual([`prebuilds/${target}/msbx-spawner is missing: run npm run prebuilds`]);
+      expect(install.reasonToBuild(copy.path, {})).toBe(`this package has no prebuilt ${target} spawner (msbx-spawner)`);
+      expect(addon.spawnerFile(copy.path)).toEqual({
+        file: addon.prebuildSpawnerFile(copy.path, target),
+        reason: `${addon.prebuildSpawnerFile(copy.path, target)} does not exist`,
+      });
+      // A source build wins over the prebuild: its own spawner is the one taken.
+      mkdirSync(join(copy.path, 'build', 'Release'), { recursive: true });
+      writeFileSync(join(copy.path, 'build', 'Release', 'minisandbox.node'), '');
+      expect(addon.spawnerFile(copy.path).file).toBe(join(copy.path, 'build', 'Release', 'msbx-spawner'));
+    } finally {
+      copy.remove();
+    }
+  });
+
   it('linux-x64 loads in this Node with the x86-64 syscall table', (ctx) => {
     if (process.arch !== 'x64') return ctx.skip(`this Node is ${process.arch}`);
     const native = require(fileOf('x64')) as { syscalls: Record<string, number>; spawn: unknown };
@@ -96,9 +134,10 @@ describe('prebuilt addons', () => {
     if (process.version !== manifest.node) return ctx.skip(`the prebuild was made with Node ${manifest.node}'s headers, this is ${process.version}`);
     const scratch = tempDir('msbx-rebuild-');
     try {
-      const { file, record } = prebuild.buildTarget(arch, scratch.path);
+      const { file, spawner, record } = prebuild.buildTarget(arch, scratch.path);
       expect(record).toEqual(want);
       expect(sha256(file)).toBe(sha256(fileOf(arch)));
+      expect(sha256(spawner)).toBe(sha256(addon.prebuildSpawnerFile(ROOT, `linux-${arch}-glibc`)));
     } finally {
       scratch.remove();
     }
@@ -160,7 +199,8 @@ describe('the linux-arm64 prebuild under qemu-user', () => {
   const qemu = tool('qemu-aarch64-static') || tool('qemu-aarch64');
   const node = join(ARM64_SYSROOT, 'usr/bin/node');
   const skipWhy = !qemu ? 'qemu-user is not installed (apt-get install qemu-user-static)' : !existsSync(node) ? `no arm64 Node in ${ARM64_SYSROOT} (scripts/arm64-node.sh makes it)` : undefined;
-  const arm64 = (args: string[], cwd = ROOT) => spawnSync(qemu, ['-L', ARM64_SYSROOT, node, ...args], { cwd, encoding: 'utf8', timeout: 120_000 });
+  const arm64 = (args: string[], cwd = ROOT, env: NodeJS.ProcessEnv = process.env) =>
+    spawnSync(qemu, ['-L', ARM64_SYSROOT, node, ...args], { cwd, encoding: 'utf8', timeout: 120_000, env });
 
   it('loads in an arm64 Node of another version, with the arm64 syscall table', (ctx) => {
     if (skipWhy) return ctx.skip(skipWhy);
@@ -190,7 +230,13 @@ describe('the linux-arm64 prebuild under qemu-user', () => {
         cpSync(join(ROOT, p), join(pkg.path, p), { recursive: true });
       }
       symlinkSync(join(ROOT, 'node_modules'), join(pkg.path, 'node_modules'));
-      const r = arm64([join(pkg.path, 'dist/lib/cli/main.js'), 'doctor', '--json'], pkg.path);
+      // qemu-user runs one foreign process; the arm64 spawner it would exec
+      // (without binfmt_misc) does not start, and doctor says so...
+      const viaSpawner = arm64([join(pkg.path, 'dist/lib/cli/main.js'), 'doctor', '--json'], pkg.path);
+      const spawnPath = (JSON.parse(viaSpawner.stdout) as { name: string; detail: string }[]).find((c) => c.name === 'spawn path');
+      expect(spawnPath?.detail).toContain(join(pkg.path, 'prebuilds', 'linux-arm64-glibc', 'msbx-spawner'));
+      // ... so the library is taken to the kernel on the in-process path.
+      const r = arm64([join(pkg.path, 'dist/lib/cli/main.js'), 'doctor', '--json'], pkg.path, { ...process.env, MINISANDBOX_SPAWNER: 'inprocess' });
       const checks = JSON.parse(r.stdout) as { name: string; ok: boolean; detail: string }[];
       expect(checks.find((c) => c.name === 'kernel')?.ok).toBe(true);
       // qemu-user implements neither clone3 nor namespaces: the spawn fails
@@ -202,5 +248,5 @@ describe('the linux-arm64 prebuild under qemu-user', () => {
     } finally {
       pkg.remove();
     }
-  });
+  }, 120_000);
 });
