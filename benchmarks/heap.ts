@@ -23,6 +23,8 @@
  */
 import { spawn as spawnChild } from 'node:child_process';
 import { performance } from 'node:perf_hooks';
+import * as v8 from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { Sandbox, run } from '../lib/sandbox/index.js';
 import { native, setSpawnMode, type SpawnMode } from '../lib/native/index.js';
 import { formatMs, formatRatio, formatTable } from '../lib/format.js';
@@ -116,72 +118,92 @@ interface Row {
   summary: Summary;
 }
 
+/** Drops the memory held and lets V8 return it, for a smaller size next. */
+function shrink(): void {
+  held.length = 0;
+  v8.setFlagsFromString('--expose-gc');
+  const gc = runInNewContext('gc') as () => void;
+  gc();
+  gc();
+}
+
 async function main(): Promise<void> {
   const opts = parseArgs(process.argv.slice(2));
   if (setSpawnMode('spawner').mode !== 'spawner') throw new Error(`no spawner binary: ${native.spawnerInfo().reason}`);
-  const rows: Row[] = [];
   const sizes = [...opts.sizes].sort((a, b) => a - b);
-  const ops = {
-    exec: (sb: Sandbox) => () => sb.exec(['/bin/true']),
-    run: () => () => run({ argv: ['/bin/true'] }),
-    // Sandbox.create + first exec; the caller closes it.
-    create: () => async () => {
-      const sb = await Sandbox.create();
-      await sb.exec(['/bin/true']);
-      return sb;
-    },
+  // Sandbox.create + first exec, timed; the close is not.
+  const createOnce = async (): Promise<number> => {
+    const t = performance.now();
+    const s = await Sandbox.create();
+    await s.exec(['/bin/true']);
+    const ms = performance.now() - t;
+    await s.close();
+    return ms;
   };
+  const sb = await Sandbox.create();
   let abba: Record<string, [Summary, Summary]> = {};
-  for (const size of sizes) {
-    const rss = growTo(size);
-    log(`heap: ${size} MiB asked, RSS ${rss.toFixed(0)} MiB`);
-    const sb = await Sandbox.create();
-    try {
-      const record = (op: string, path: Row['path'], samples: number[]) => rows.push({ sizeMiB: size, rssMiB: Math.round(rss), op, path, summary: summarize(samples) });
-      const createOnce = async () => {
-        const t = performance.now();
-        const s = await Sandbox.create();
-        await s.exec(['/bin/true']);
-        const ms = performance.now() - t;
-        await s.close();
-        return ms;
-      };
-      const createSamples = async (n: number) => {
-        const out: number[] = [];
-        await createOnce();
-        for (let i = 0; i < n; i++) out.push(await createOnce());
-        return out;
-      };
-      record('exec', 'spawner', await timeN(opts.iterations, ops.exec(sb)));
-      record('run', 'spawner', await timeN(opts.iterations, ops.run()));
-      record('create', 'spawner', await createSamples(opts.createIterations));
-      record('child_process.spawn', 'node', await timeN(opts.iterations, nodeSpawn));
-      const few = Math.max(5, Math.round(opts.iterations / 4));
-      record('exec', 'inprocess', await on('inprocess', () => timeN(few, ops.exec(sb))));
-      record('run', 'inprocess', await on('inprocess', () => timeN(few, ops.run())));
-      record('create', 'inprocess', await on('inprocess', () => createSamples(Math.max(3, Math.round(opts.createIterations / 3)))));
-      if (size === sizes[0]) {
-        // Spawner against in-process, A B B A in this one process.
-        log('spawner vs in-process, ABBA');
-        const via = (mode: SpawnMode, fn: () => Promise<unknown>) => async () => {
-          setSpawnMode(mode);
-          await fn();
-        };
-        const pair = async (fn: () => Promise<unknown>, n: number) => {
-          const [a, b] = await timePair(n, 2, via('spawner', fn), via('inprocess', fn));
-          setSpawnMode('spawner');
-          return [summarize(a), summarize(b)] as [Summary, Summary];
-        };
-        abba = {
-          exec: await pair(ops.exec(sb), opts.iterations),
-          run: await pair(ops.run(), opts.iterations),
-          create: await pair(async () => (await ops.create()()).close(), opts.createIterations),
-        };
+  const samples = new Map<string, number[]>();
+  const rss = new Map<number, number>();
+  const add = (size: number, op: string, path: Row['path'], xs: number[]) => {
+    const key = `${size}|${op}|${path}`;
+    samples.set(key, [...(samples.get(key) ?? []), ...xs]);
+  };
+  try {
+    // Spawner against in-process at the smallest size, A B B A in this one
+    // process, before the heap grows.
+    growTo(sizes[0]!);
+    log(`spawner vs in-process at ${sizes[0]} MiB, ABBA`);
+    const via = (mode: SpawnMode, fn: () => Promise<unknown>) => async () => {
+      setSpawnMode(mode);
+      await fn();
+    };
+    const pair = async (fn: () => Promise<unknown>, n: number) => {
+      const [a, b] = await timePair(n, 2, via('spawner', fn), via('inprocess', fn));
+      setSpawnMode('spawner');
+      return [summarize(a), summarize(b)] as [Summary, Summary];
+    };
+    abba = {
+      exec: await pair(() => sb.exec(['/bin/true']), opts.iterations),
+      run: await pair(() => run({ argv: ['/bin/true'] }), opts.iterations),
+      create: await pair(createOnce, opts.createIterations),
+    };
+
+    // The sweep: rounds that visit the sizes up then down (A B C C B A...),
+    // each visit a share of the iterations, so that the load of a shared
+    // machine, which drifts, falls on every size alike.
+    const rounds = 4;
+    const share = (n: number) => Math.max(1, Math.ceil(n / (2 * rounds)));
+    for (let round = 0; round < rounds; round++) {
+      for (const size of [...sizes, ...[...sizes].reverse()]) {
+        if (process.memoryUsage().rss / MiB > size * 1.1 + 64) shrink();
+        rss.set(size, growTo(size));
+        log(`round ${round + 1}/${rounds}: ${size} MiB (RSS ${rss.get(size)!.toFixed(0)} MiB)`);
+        add(size, 'exec', 'spawner', await timeN(share(opts.iterations), () => sb.exec(['/bin/true']), 1));
+        add(size, 'run', 'spawner', await timeN(share(opts.iterations), () => run({ argv: ['/bin/true'] }), 1));
+        add(size, 'create', 'spawner', await timeN(share(opts.createIterations), createOnce, 0));
+        add(size, 'child_process.spawn', 'node', await timeN(share(opts.iterations), nodeSpawn, 1));
+        // Today's path, fewer times: it is the slow one.
+        const few = (n: number) => Math.max(1, Math.ceil(share(n) / 3));
+        add(size, 'exec', 'inprocess', await on('inprocess', () => timeN(few(opts.iterations), () => sb.exec(['/bin/true']), 0)));
+        add(size, 'run', 'inprocess', await on('inprocess', () => timeN(few(opts.iterations), () => run({ argv: ['/bin/true'] }), 0)));
+        add(size, 'create', 'inprocess', await on('inprocess', () => timeN(few(opts.createIterations), createOnce, 0)));
       }
-    } finally {
-      await sb.close();
     }
+  } finally {
+    await sb.close();
   }
+  const rows: Row[] = [];
+  for (const size of sizes)
+    for (const [op, path] of [
+      ['exec', 'spawner'],
+      ['run', 'spawner'],
+      ['create', 'spawner'],
+      ['child_process.spawn', 'node'],
+      ['exec', 'inprocess'],
+      ['run', 'inprocess'],
+      ['create', 'inprocess'],
+    ] as const)
+      rows.push({ sizeMiB: size, rssMiB: Math.round(rss.get(size)!), op, path, summary: summarize(samples.get(`${size}|${op}|${path}`)!) });
 
   const small = sizes[0]!;
   const large = sizes[sizes.length - 1]!;

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -86,6 +87,12 @@ void Handle(int sock, const std::string& payload, std::vector<int>& fds) {
 }
 
 int Main(int argc, char** argv) {
+  // `msbx-spawner --version`: the install script's check that this binary
+  // runs here at all (its glibc, its architecture) before it is relied on.
+  if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+    std::string v = "msbx-spawner protocol " + std::to_string(wire::kVersion) + "\n";
+    return write(1, v.data(), v.size()) == static_cast<ssize_t>(v.size()) ? 0 : 1;
+  }
   // Die with Node, and make sure it did not die before that was armed.
   if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) return 1;
   if (argc < 2 || getppid() != static_cast<pid_t>(strtol(argv[1], nullptr, 10))) return 1;

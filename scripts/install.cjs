@@ -72,6 +72,16 @@ function reasonToBuild(root = ROOT, env = process.env) {
   } catch (err) {
     return `the prebuilt ${target} addon does not load here: ${err.message.split('\n')[0]}`;
   }
+  // The spawner is a program of its own: it needs its own check (it links
+  // against a newer glibc symbol than the addon, __libc_start_main@2.34).
+  const spawner = prebuildSpawnerFile(root, target);
+  const r = spawnSync(spawner, ['--version'], { encoding: 'utf8' });
+  if (r.error?.code === 'EACCES') fs.chmodSync(spawner, 0o755);
+  const again = r.error?.code === 'EACCES' ? spawnSync(spawner, ['--version'], { encoding: 'utf8' }) : r;
+  if (again.status !== 0) {
+    const why = again.error ? again.error.message : (again.stderr || `exit ${again.status ?? again.signal}`).trim().split('\n')[0];
+    return `the prebuilt ${target} spawner does not run here: ${why}`;
+  }
   return undefined;
 }
 
@@ -122,10 +132,6 @@ function main(args) {
     // (source builds load first); `node-gyp rebuild`, the install step this
     // replaces, cleaned it too.
     fs.rmSync(path.join(ROOT, 'build'), { recursive: true, force: true });
-    // The spawner must be executable: a package tool that dropped the mode
-    // bits would otherwise leave spawns on the slower in-process path.
-    const spawner = prebuildSpawnerFile(ROOT, prebuildTarget().target);
-    fs.chmodSync(spawner, fs.statSync(spawner).mode | 0o755);
     process.stdout.write(`minisandbox: using the prebuilt addon ${prebuildTarget().target}\n`);
     return 0;
   }
