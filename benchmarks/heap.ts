@@ -10,7 +10,10 @@
  *
  * and the same three on the in-process path (Node clones the sandbox
  * itself, as before the spawner), fewer times, to show what the spawner
- * saves. Then prints, per operation, the ratio of the median at the largest
+ * saves. The sizes are visited in rounds, up then down (60, 1024, 4096,
+ * 4096, 1024, 60, ...: the memory is dropped and a GC returns it between
+ * visits), each visit taking a share of the samples, so that the drifting
+ * load of a shared machine falls on every size alike. Then prints, per operation, the ratio of the median at the largest
  * size to the median at the smallest, with a verdict (target <= 1.3), and at
  * the smallest size the spawner path against the in-process path, timed in
  * ABBA order in this one process (target: no slower, ratio <= 1.0 within
