@@ -4,7 +4,6 @@
  */
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
-import { ConfigError } from '../sandbox/errors.js';
 import { packageRoot } from './packageRoot.js';
 
 export { packageRoot };
@@ -223,7 +222,9 @@ function spawnModeFromEnv(env: NodeJS.ProcessEnv): SpawnMode {
   const v = env.MINISANDBOX_SPAWNER;
   if (v === undefined || v === '' || v === 'auto' || v === 'spawner') return 'spawner';
   if (v === 'inprocess') return 'inprocess';
-  throw new ConfigError(`MINISANDBOX_SPAWNER='${v}': expected 'spawner', 'inprocess' or 'auto'`, 'MINISANDBOX_SPAWNER');
+  // A plain Error, as the loader's (addon.cjs): this room imports no other
+  // room's errors, and this one stops the import of the package.
+  throw new Error(`minisandbox: MINISANDBOX_SPAWNER='${v}': expected 'spawner', 'inprocess' or 'auto'`);
 }
 
 setSpawnMode(spawnModeFromEnv(process.env));

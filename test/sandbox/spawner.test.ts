@@ -4,7 +4,7 @@
  * fails a request it died during with a named error, leaks no fd, leaves no
  * zombie, and carries 256 concurrent creates.
  */
-import { fork } from 'node:child_process';
+import { fork, spawnSync } from 'node:child_process';
 import { chmodSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -204,6 +204,36 @@ describe('the spawner', () => {
     }
     expect(await waitFor(() => zombiesOf(native.spawnerInfo().pid!).length === 0)).toBe(true);
   }, 300_000);
+
+  it('is chosen by MINISANDBOX_SPAWNER, and doctor says which path is in use', () => {
+    const entry = new URL('../../dist/lib/sandbox/index.js', import.meta.url).pathname;
+    const nativeEntry = new URL('../../dist/lib/native/index.js', import.meta.url).pathname;
+    const probe = (value: string | undefined) =>
+      spawnSync(
+        process.execPath,
+        [
+          '--input-type=module',
+          '-e',
+          `const { native } = await import(${JSON.stringify(nativeEntry)});
+           const { doctor } = await import(${JSON.stringify(entry)});
+           const checks = await doctor();
+           console.log(JSON.stringify({ info: native.spawnerInfo(), check: checks.find((c) => c.name === 'spawn path') }));`,
+        ],
+        { encoding: 'utf8', env: { ...process.env, MINISANDBOX_SPAWNER: value } },
+      );
+    const inprocess = probe('inprocess');
+    expect(inprocess.status, inprocess.stderr).toBe(0);
+    expect(JSON.parse(inprocess.stdout)).toMatchObject({
+      info: { mode: 'inprocess', reason: 'MINISANDBOX_SPAWNER=inprocess', started: 0 },
+      check: { ok: true, detail: expect.stringContaining('in-process: Node clones each sandbox itself (MINISANDBOX_SPAWNER=inprocess)') },
+    });
+    const spawner = probe(undefined);
+    expect(spawner.status, spawner.stderr).toBe(0);
+    expect(JSON.parse(spawner.stdout)).toMatchObject({ info: { mode: 'spawner', started: 1 }, check: { ok: true, detail: expect.stringMatching(/^spawner .*msbx-spawner, running as pid \d+$/) } });
+    const bogus = probe('fast');
+    expect(bogus.status).not.toBe(0);
+    expect(bogus.stderr).toContain("MINISANDBOX_SPAWNER='fast': expected 'spawner', 'inprocess' or 'auto'");
+  }, 60_000);
 
   it('can be switched off (the in-process path), and back on', async () => {
     try {
