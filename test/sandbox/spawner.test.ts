@@ -183,7 +183,8 @@ describe('the spawner', () => {
     expect(native.spawnerInfo().pid).toBe(spawner);
     // Sockets close on the event loop: give the last ones a turn.
     expect(await waitFor(() => fdCount('self') <= nodeBefore)).toBe(true);
-    expect(await waitFor(() => fdCount(spawner) === spawnerBefore)).toBe(true);
+    // At most as many: a sandbox of an earlier test may have been reaped since.
+    expect(await waitFor(() => fdCount(spawner) <= spawnerBefore)).toBe(true);
     expect(await waitFor(() => zombiesOf(spawner).length === 0)).toBe(true);
     // The command sees its three streams and the directory it lists, no more.
     const r = await sb.exec(['/bin/ls', '/proc/self/fd']);
