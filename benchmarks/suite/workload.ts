@@ -16,6 +16,7 @@
  *   <cache>/w<V>/<size>/workload.json   written last: a set without it is rebuilt
  */
 import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join, relative, resolve } from 'node:path';
@@ -77,7 +78,10 @@ function findWheel(project: string, version: string): string {
 
 /** Lines of the top-level or method `def <name>(` with its decorators, to hold the test back. */
 function testBlock(lines: string[], name: string, file: string): [number, number] {
-  const at = lines.findIndex((l) => new RegExp(`^\\s*def ${name}\\(`).test(l));
+  // "Class::method" (pytest's id) or a top-level "function".
+  const [cls, method] = name.includes('::') ? name.split('::') : [undefined, name];
+  const from = cls === undefined ? 0 : lines.findIndex((l) => new RegExp(`^class ${cls}\\b`).test(l));
+  const at = from < 0 ? -1 : lines.findIndex((l, i) => i > from && new RegExp(`^${cls === undefined ? '' : '\\s+'}def ${method}\\(`).test(l));
   if (at < 0) throw new SweError(`workload spec: no test ${name} in ${file}`);
   const indent = lines[at]!.length - lines[at]!.trimStart().length;
   let start = at;
@@ -148,6 +152,25 @@ function buildRepository(spec: RepoSpec, dir: string, bugs: readonly BugSpec[]):
   git(tmp, ['checkout', '-q', 'main']);
   rmSync(dir, { recursive: true, force: true });
   renameSync(tmp, dir);
+  return drafts;
+}
+
+/**
+ * The repository, built once per content (its spec, its bugs, the wheels'
+ * names, the builder's version): a record next to it holds what the build
+ * found, so a later build (the other size, a rebuild after an interruption)
+ * leaves a repository another process may be reading alone.
+ */
+function repository(spec: RepoSpec, dir: string, bugs: readonly BugSpec[]): Map<number, Omit<Draft, 'env'>> {
+  const key = createHash('sha256').update(JSON.stringify({ v: WORKLOAD_VERSION, spec, bugs, wheels: spec.releases.map((r) => findWheel(spec.project, r)) })).digest('hex');
+  const record = `${dir}.json`;
+  if (existsSync(record) && existsSync(dir)) {
+    const saved = JSON.parse(readFileSync(record, 'utf8')) as { key: string; drafts: [number, Omit<Draft, 'env'>][] };
+    if (saved.key === key) return new Map(saved.drafts);
+  }
+  rmSync(record, { force: true });
+  const drafts = buildRepository(spec, dir, bugs);
+  writeFileSync(record, JSON.stringify({ key, drafts: [...drafts] }) + '\n');
   return drafts;
 }
 
@@ -319,9 +342,7 @@ export async function buildWorkload(opts: BuildWorkloadOptions): Promise<Workloa
     for (const repo of REPOS.filter((r) => envs.some((e) => e.repo === r.name))) {
       checkAbort(signal);
       log(`repository ${repo.name}: ${repo.releases.length} release(s), ${bugs.filter((b) => b.repo === repo.name).length} task(s)`);
-      // Always rebuilt from the wheels (a second or so each): deterministic,
-      // so the SHAs are those of any earlier build.
-      const made = buildRepository(repo, join(reposDir, repo.name), BUGS.filter((b) => b.repo === repo.name));
+      const made = repository(repo, join(reposDir, repo.name), BUGS.filter((b) => b.repo === repo.name));
       for (const bug of bugs.filter((b) => b.repo === repo.name)) {
         drafts.push({ ...made.get(bug.n)!, env: envs.find((e) => e.repo === bug.repo && e.version === bug.version)! });
       }
