@@ -319,6 +319,7 @@ async function buildDockerImages(h: DockerHandle, tasks: Task[], envs: WorkloadE
 
 interface Manifest {
   version: number;
+  specKey: string;
   size: WorkloadSize;
   envs: WorkloadEnv[];
   docker?: WorkloadDockerImages;
@@ -349,11 +350,17 @@ export async function buildWorkload(opts: BuildWorkloadOptions): Promise<Workloa
   const manifestFile = join(dir, 'workload.json');
   const timingsFile = join(dir, 'timings.json');
 
+  // What the set is made of: a spec edited without bumping WORKLOAD_VERSION still builds anew.
+  const specKey = createHash('sha256').update(JSON.stringify({ v: WORKLOAD_VERSION, size: opts.size, ...selected(opts.size), repos: REPOS })).digest('hex');
   let manifest: Manifest | undefined;
   if (existsSync(manifestFile)) {
-    manifest = JSON.parse(readFileSync(manifestFile, 'utf8')) as Manifest;
-    log(`workload ${opts.size}: cached in ${dir}`);
-  } else {
+    const cached = JSON.parse(readFileSync(manifestFile, 'utf8')) as Manifest;
+    if (cached.specKey === specKey) {
+      manifest = cached;
+      log(`workload ${opts.size}: cached in ${dir}`);
+    }
+  }
+  if (!manifest) {
     const missing = indexesMissing();
     if (missing) throw new SweError(`cannot build the suite's workload: ${missing}; it installs its environments and takes its sources from them`);
     rmSync(dir, { recursive: true, force: true });
@@ -411,7 +418,7 @@ export async function buildWorkload(opts: BuildWorkloadOptions): Promise<Workloa
     writeFileSync(tasksFile, tasks.map((task) => JSON.stringify({ ...task, repo_path: relative(dir, task.repo_path!) })).join('\n') + '\n');
     writeFileSync(goldPredictionsFile, tasks.map((task) => JSON.stringify({ instance_id: task.instance_id, model_name_or_path: 'gold', model_patch: task.patch })).join('\n') + '\n');
     const workloadEnvs: WorkloadEnv[] = envs.map((e) => ({ key: e.key, repo: e.repo, version: e.version, python: e.python, tasks: tasks.filter((task) => task.version === e.version && task.repo === REPOS.find((r) => r.name === e.repo)!.repo).map((task) => task.instance_id) }));
-    manifest = { version: WORKLOAD_VERSION, size: opts.size, envs: workloadEnvs, timings: { reposMs, deriveMs } };
+    manifest = { version: WORKLOAD_VERSION, specKey, size: opts.size, envs: workloadEnvs, timings: { reposMs, deriveMs } };
     writeFileSync(timingsFile, JSON.stringify(manifest.timings, null, 2) + '\n');
     writeFileSync(manifestFile, JSON.stringify(manifest, null, 2) + '\n');
   }
@@ -491,9 +498,20 @@ async function main(): Promise<void> {
       const r = await dockerRun(h, ['image', 'inspect', '--format', '{{.Size}}', image], 30_000);
       return Number(r.stdout.trim()) || 0;
     };
-    console.log(`  docker base ${w.docker.base}: ${mb(await size(w.docker.base))}`);
-    for (const [key, image] of Object.entries(w.docker.envs)) console.log(`  docker env ${image}: ${mb(await size(image))}`);
-    for (const [id, image] of Object.entries(w.docker.instances)) console.log(`  docker instance ${id}: ${image} ${mb(await size(image))}`);
+    // `docker image inspect`'s Size counts the parents' layers too: each tier's own bytes are the difference.
+    const baseSize = await size(w.docker.base);
+    console.log(`  docker base ${w.docker.base}: ${mb(baseSize)}`);
+    const envSizes = new Map<string, number>();
+    for (const [key, image] of Object.entries(w.docker.envs)) {
+      envSizes.set(key, await size(image));
+      console.log(`  docker env ${image}: ${mb(envSizes.get(key)!)} (+${mb(envSizes.get(key)! - baseSize)} over the base)`);
+    }
+    for (const env of w.envs) {
+      for (const id of env.tasks) {
+        const image = w.docker.instances[id]!;
+        console.log(`  docker instance ${image}: +${mb((await size(image)) - envSizes.get(env.key)!)} over its env image`);
+      }
+    }
     if (timings.docker) console.log(`  docker images built in ${(timings.docker.totalMs / 1000).toFixed(1)} s (base ${(timings.docker.base.ms / 1000).toFixed(1)} s${timings.docker.base.reused ? ', reused' : ''})`);
     const df = await dockerRun(h, ['system', 'df'], 60_000);
     console.log(df.stdout.trimEnd());
