@@ -30,7 +30,7 @@ import { TaskEnvs } from '../../lib/swe/pipeline/taskEnvs.js';
 import { loadTasks, type Task } from '../../lib/swe/tasks.js';
 import { dockerCommand, DockerUnavailable, ensureDocker, hostImagePaths, importImage, stopDocker, type DockerHandle } from '../lib/docker.js';
 import { exec } from '../lib/proc.js';
-import { INDEX_URL, indexesMissing, pipIndexArgs, serveIndexes, WHEEL_DIRS, type ServedIndex } from './packageIndex.js';
+import { INDEX_URL, indexesMissing, pipIndexArgs, serveIndexes, WHEEL_DIRS } from './packageIndex.js';
 import { BUGS, ENVS, instanceId, QUICK, releaseOf, REPOS, type BugSpec, type EnvSpec, type RepoSpec } from './specs.js';
 import type { BuildWorkloadOptions, Workload, WorkloadDockerImages, WorkloadEnv, WorkloadSize } from './workload-types.js';
 
