@@ -4,7 +4,7 @@
  * of 100 MB or more per environment, and, on request, Docker images built
  * the way SWE-bench builds them. What it is made of: specs.ts.
  *
- * Usage: node dist/benchmarks/suite/workload.js [--quick] [--docker] [--cache DIR]
+ * Usage: node dist/benchmarks/suite/workload.js [--quick] [--docker] [--cache DIR] [--check]
  *
  * Layout of the cache (everything keyed by WORKLOAD_VERSION, so a changed
  * builder builds anew next to the old one):
@@ -27,6 +27,7 @@ import { deriveTestLists } from '../../lib/swe/derive.js';
 import { git } from '../../lib/swe/demo/git.js';
 import { SweError } from '../../lib/swe/errors.js';
 import { TaskEnvs } from '../../lib/swe/pipeline/taskEnvs.js';
+import { evaluateAll, prepareTasks } from '../../lib/swe/pipeline/index.js';
 import { loadTasks, type Task } from '../../lib/swe/tasks.js';
 import { dockerCommand, DockerUnavailable, ensureDocker, hostImagePaths, importImage, stopDocker, type DockerHandle } from '../lib/docker.js';
 import { exec } from '../lib/proc.js';
@@ -463,8 +464,38 @@ function mb(bytes: number): string {
   return `${(bytes / 1e6).toFixed(0)} MB`;
 }
 
+/**
+ * --check: every task's gold patch through the real pipeline, in a sandbox
+ * of its venv and (with --docker) in a container of its instance image;
+ * each must resolve. (An empty patch is never run, so never resolves.)
+ */
+async function check(w: Workload): Promise<boolean> {
+  const store = await openStore({ root: w.storeDir! });
+  const index = await w.packageIndex!.serve();
+  let ok = true;
+  try {
+    const sets: Array<[string, Task[]]> = [['sandbox', w.tasks]];
+    if (w.docker) {
+      const images = w.docker.instances;
+      sets.push(['docker', w.tasks.map((t) => ({ ...t, image: images[t.instance_id]!, isolation: 'docker' as const, repo_path: undefined }))]);
+    }
+    for (const [label, tasks] of sets) {
+      const prep = await prepareTasks(tasks, { store, installNetwork: w.packageIndex!.installNetwork });
+      const gold = tasks.map((t) => ({ instance_id: t.instance_id, model_name_or_path: 'gold', model_patch: t.patch }));
+      const { results, report } = await evaluateAll(tasks, gold, { prepared: prep.prepared, prepareFailures: prep.failures, concurrency: 2 });
+      const bad = results.filter((r) => !r.report.resolved).map((r) => r.instance_id);
+      const totals = results.map((r) => r.timings.totalMs).sort((a, b) => a - b);
+      console.log(`  check ${label}: gold resolves ${report.resolved_instances}/${tasks.length}${bad.length ? ` (not: ${bad.join(' ')})` : ''}; median evaluation ${(totals[totals.length >> 1]! / 1000).toFixed(2)} s`);
+      ok &&= bad.length === 0 && results.length === tasks.length;
+    }
+  } finally {
+    await index.close();
+  }
+  return ok;
+}
+
 async function main(): Promise<void> {
-  const { values } = parseArgs({ options: { quick: { type: 'boolean' }, docker: { type: 'boolean' }, cache: { type: 'string' } } });
+  const { values } = parseArgs({ options: { quick: { type: 'boolean' }, docker: { type: 'boolean' }, cache: { type: 'string' }, check: { type: 'boolean' } } });
   const controller = new AbortController();
   process.once('SIGINT', () => controller.abort(new Error('SIGINT')));
   const t0 = performance.now();
@@ -517,6 +548,7 @@ async function main(): Promise<void> {
     console.log(df.stdout.trimEnd());
     await stopDocker(h, () => {});
   } else if (w.dockerSkipped) console.log(`  docker: skipped: ${w.dockerSkipped}`);
+  if (values.check && !(await check(w))) process.exitCode = 1;
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
