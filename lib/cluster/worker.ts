@@ -18,6 +18,7 @@ import { openStore, type LayerStore } from '../layers/index.js';
 import { createLimiter } from '../files/limit.js';
 import { evaluate } from '../swe/pipeline/evaluate.js';
 import { prepareTasks } from '../swe/pipeline/prepare.js';
+import { TaskEnvs } from '../swe/pipeline/taskEnvs.js';
 import type { PreparedTask } from '../swe/pipeline/types.js';
 import type { Task, TaskIsolation } from '../swe/tasks.js';
 import { ClusterError } from './errors.js';
@@ -154,6 +155,10 @@ export async function startWorker(opts: WorkerOptions): Promise<ClusterWorker> {
   });
 
   const limit = createLimiter(slots);
+  // One TaskEnvs for the worker's life: each interpreter is probed once (a
+  // synchronous run of Python, which would otherwise block the event loop,
+  // and BullMQ's lock renewals with it, on every job).
+  const envs = new TaskEnvs({ store });
   // Environments this worker prepared, by the task's digest: a task's later
   // jobs (another run, a retry) reuse them without asking the store again.
   const preparedTasks = new Map<string, Promise<Prepared>>();
@@ -167,7 +172,7 @@ export async function startWorker(opts: WorkerOptions): Promise<ClusterWorker> {
     const key = sha256(JSON.stringify([task, isolation ?? null]));
     let p = preparedTasks.get(key);
     if (!p) {
-      p = prepareTasks([task], { store, concurrency: 1, ...(isolation ? { isolation } : {}) }).then((r) => {
+      p = prepareTasks([task], { store, envs, concurrency: 1, ...(isolation ? { isolation } : {}) }).then((r) => {
         const prepared = r.prepared.get(task.instance_id);
         return prepared ? { prepared } : { failure: r.failures[0]?.message ?? `task "${task.instance_id}" was not prepared` };
       });
@@ -199,6 +204,7 @@ export async function startWorker(opts: WorkerOptions): Promise<ClusterWorker> {
     return limit(async () => {
       if (returning.signal.aborted) return giveBack(job, token);
       busy++;
+      log(`${job.id}: started (attempt ${job.attemptsMade + 1}${job.stalledCounter ? `, after ${job.stalledCounter} stalled worker(s)` : ''})`);
       try {
         const both = AbortSignal.any([returning.signal, ...(signal ? [signal] : [])]);
         const p = await prepare(data.task, data.isolation);
@@ -229,7 +235,7 @@ export async function startWorker(opts: WorkerOptions): Promise<ClusterWorker> {
       throw new UnrecoverableError((e as Error).message);
     }
     log(`${job.id}: preparing ${data.tasks.length} task(s) in ${store.root}`);
-    const r = await prepareTasks(data.tasks, { store, concurrency: slots, ...(data.isolation ? { isolation: data.isolation } : {}) });
+    const r = await prepareTasks(data.tasks, { store, envs, concurrency: slots, ...(data.isolation ? { isolation: data.isolation } : {}) });
     contents = await storeContents(store, sid);
     await announce();
     return { format: JOB_FORMAT, worker: id, storeId: sid, storeDir: store.root, summary: r.summary, failures: r.failures };
