@@ -14,7 +14,7 @@ import { promises as fsp } from 'node:fs';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { Worker, WaitingError, UnrecoverableError, type ConnectionOptions, type Job } from 'bullmq';
-import { openStore, type LayerStore } from '../layers/index.js';
+import { IoBudget, openStore, type LayerStore } from '../layers/index.js';
 import { createLimiter } from '../files/limit.js';
 import { evaluate } from '../swe/pipeline/evaluate.js';
 import { prepareTasks } from '../swe/pipeline/prepare.js';
@@ -43,6 +43,12 @@ export interface WorkerOptions {
   slots?: number;
   /** The node's layer store (default: the store's default root). */
   storeDir?: string;
+  /**
+   * The node's I/O budget directory (default: the store's own, `<store>/budget`).
+   * The budget tells dead holders by pid, which another node's pids are not:
+   * workers sharing one store over the network must each give a local one.
+   */
+  budgetDir?: string;
   /** How long a job's lock lasts without renewal: how soon a dead worker's jobs return (default 30 s, BullMQ's). */
   lockDurationMs?: number;
   /** How often this worker looks for stalled jobs of dead workers (default 30 s, BullMQ's). */
@@ -143,7 +149,10 @@ export async function startWorker(opts: WorkerOptions): Promise<ClusterWorker> {
   const slots = opts.slots ?? 2;
   if (!Number.isInteger(slots) || slots < 1) throw new ClusterError(`worker: slots must be a positive integer, got ${slots}`);
   const log = opts.onLog ?? (() => {});
-  const store = await openStore(opts.storeDir !== undefined ? { root: opts.storeDir } : {});
+  const store = await openStore({
+    ...(opts.storeDir !== undefined ? { root: opts.storeDir } : {}),
+    ...(opts.budgetDir !== undefined ? { budget: new IoBudget({ dir: opts.budgetDir }) } : {}),
+  });
   const sid = await storeId(store);
   const id = opts.id ?? `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`;
   const { target } = opts;

@@ -57,6 +57,9 @@ errors), 2 on usage errors.`,
     const logs = args.get('--logs');
     const isolation = args.get<TaskIsolation>('--isolation');
     if (args.has('--queue')) {
+      for (const [flag, instead] of [['--store', "each worker's --store"], ['--jobs', "each worker's --slots"]] as const) {
+        if (args.has(flag)) throw new UsageError(`${flag} does not apply with --queue: the workers evaluate (${instead})`);
+      }
       const run = await runQueueEvaluation(args, {
         tasks,
         predictions: predictions.predictions,

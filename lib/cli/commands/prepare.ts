@@ -1,5 +1,5 @@
 /** `minisandbox prepare`: the environments of a task set. */
-import { readableFile, type Command } from '../args.js';
+import { readableFile, UsageError, type Command } from '../args.js';
 import { JOBS_OPTION, STORE_OPTION } from '../options.js';
 import { ISOLATION_OPTION, prepareWithProgress, readTasks } from '../swe.js';
 import type { TaskIsolation } from '../../swe/tasks.js';
@@ -26,6 +26,9 @@ theirs (docs/cluster.md).`,
   async run(args) {
     const { tasks, rejected } = readTasks(args.positionals[0] as string);
     if (args.has('--queue')) {
+      for (const [flag, instead] of [['--store', "each worker's --store"], ['--jobs', "each worker's --slots"]] as const) {
+        if (args.has(flag)) throw new UsageError(`${flag} does not apply with --queue: the workers prepare (${instead})`);
+      }
       const failed = await runQueuePrepare(args, tasks, rejected, args.get<TaskIsolation>('--isolation'));
       return failed === 0 && rejected === 0 ? 0 : 1;
     }

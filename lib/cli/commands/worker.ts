@@ -1,6 +1,6 @@
 /** `minisandbox worker`: a node's worker on a BullMQ queue (lib/cluster). */
 import { startWorker } from '../../cluster/index.js';
-import { positiveInt, seconds, type Command } from '../args.js';
+import { absolutePath, positiveInt, seconds, type Command } from '../args.js';
 import { queueTarget, QUEUE_OPTIONS } from '../cluster.js';
 import { STORE_OPTION } from '../options.js';
 
@@ -24,6 +24,12 @@ then takes them.`,
       '--queue': { ...QUEUE_OPTIONS['--queue']!, required: true },
       '--slots': { values: ['N'], check: positiveInt, default: '2', help: 'Evaluations at once (and builds of a prepare job)' },
       '--store': STORE_OPTION,
+      '--budget-dir': {
+        values: ['DIR'],
+        check: absolutePath,
+        help: `The node's I/O budget for unpacking layers (default: DIR/budget of
+--store). A store shared by several nodes needs a local directory on each`,
+      },
       '--grace': { values: ['S'], check: seconds, default: '300', help: 'How long running jobs may finish after SIGTERM' },
       '--lock-timeout': {
         values: ['S'],
@@ -44,6 +50,7 @@ how soon a dead worker's jobs go to another (BullMQ's lockDuration)`,
       target,
       slots: args.get<number>('--slots')!,
       storeDir: args.get('--store')!,
+      ...(args.get('--budget-dir') !== undefined ? { budgetDir: args.get('--budget-dir')! } : {}),
       lockDurationMs: lockMs,
       // Look for dead workers' jobs as often as a lock can expire.
       stalledIntervalMs: Math.max(1000, Math.min(30_000, lockMs)),
