@@ -106,6 +106,12 @@ function checkTask(raw: unknown, where: string): Task {
   // nothing to the coordinator: it sends them absolute (loadTasks did).
   if (task.repo_path !== undefined && !isAbsolute(task.repo_path)) throw new ClusterError(`${where}: repo_path ${JSON.stringify(task.repo_path)} is relative; a queued task needs an absolute path every node can read`);
   if (task.image !== undefined && isImageFile(task.image) && !isAbsolute(task.image)) throw new ClusterError(`${where}: image file ${JSON.stringify(task.image)} is relative; a queued task needs an absolute path every node can read`);
+  // git runs on the node, outside any sandbox, to fetch a repo_url: only the
+  // network transports git trusts by default, never `ext::` (runs a
+  // command) or another remote helper a URL could name.
+  if (task.repo_url !== undefined && !/^(https?|git|ssh):\/\/[^\s]+$/.test(task.repo_url) && !/^[\w.-]+@[\w.-]+:(?!:)[^\s]*$/.test(task.repo_url)) {
+    throw new ClusterError(`${where}: repo_url ${JSON.stringify(task.repo_url)}: a queued task's repository is fetched over https://, http://, git://, ssh:// or user@host:path only`);
+  }
   return task;
 }
 

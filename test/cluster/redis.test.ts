@@ -86,6 +86,8 @@ describe('checkEvalJob', () => {
 
   it('accepts what the coordinator sends', () => {
     expect(checkEvalJob(good, 'j').task.instance_id).toBe('o__r-1');
+    const { repo_path: _, ...byUrl } = task;
+    for (const url of ['https://github.com/o/r.git', 'git@github.com:o/r.git', 'ssh://git@h/o/r']) expect(checkEvalJob({ ...good, task: { ...byUrl, repo_url: url } }, 'j').task.repo_url).toBe(url);
   });
 
   it("refuses a payload lib/swe's loaders would refuse, or one that does not hold together", () => {
@@ -94,6 +96,7 @@ describe('checkEvalJob', () => {
       [{ ...good, runId: 'a:b' }, /runId "a:b" is not a run id/],
       [{ ...good, task: { ...task, FAIL_TO_PASS: 'x' } }, /FAIL_TO_PASS/],
       [{ ...good, task: { ...task, repo_path: 'rel/path' } }, /repo_path "rel\/path" is relative/],
+      [{ ...good, task: { ...task, repo_path: undefined, repo_url: 'ext::sh -c touch% a@b:' } }, /repo_url "ext::sh -c touch% a@b:": a queued task's repository is fetched over https:/],
       [{ ...good, prediction: { ...prediction, instance_id: 'other' } }, /the prediction is for "other", the task is "o__r-1"/],
       [{ ...good, predictionDigest: 'x' }, /predictionDigest does not match the patch/],
       [{ ...good, timeoutMs: -1 }, /timeoutMs -1 is not a positive number/],
