@@ -5,7 +5,7 @@
  * loses no instance and none is counted twice; an interrupted `eval
  * --queue` resumes without running graded instances again.
  */
-import { readFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Queue } from 'bullmq';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -120,6 +120,38 @@ describe.skipIf(skip !== undefined)('eval --queue across 3 workers', () => {
     expect((await queue.getJobCounts('failed')).failed).toBe(0);
     console.log(`killed ${killedId} holding ${held.length} job(s); recovered by the others`);
     await bench.startWorker(victim); // back to 3 for the next test
+  }, 600_000);
+
+  it('SIGTERM twice: a worker returns its running jobs to the queue, the others grade them, and it exits 0', async () => {
+    const preds = join(bench.dir, 'preds-term.jsonl');
+    writeFileSync(preds, set.tasks.slice(0, 12).map((t) => JSON.stringify({ instance_id: t.instance_id, model_patch: t.patch, model_name_or_path: 'gold' })).join('\n') + '\n');
+    const file = join(bench.dir, 'term.json');
+    const run = cli(['eval', set.tasksFile, '--predictions', preds, '--queue', bench.url(undefined), '--redis-password-file', bench.passwordFile, '--run-id', 'term', '--report', file]);
+    const node = bench.nodes[1]!;
+    const w = node.worker!;
+    const inFlight = () => {
+      const { started, finished } = jobsIn(w.log(), 'term');
+      return started.filter((j) => !finished.includes(j));
+    };
+    await waitFor('node1 to hold a started job', () => inFlight().length > 0);
+    const workerId = /worker (\S+): \d+ slot/.exec(w.log())![1]!;
+    w.child.kill('SIGTERM');
+    await new Promise((r) => setTimeout(r, 200));
+    w.child.kill('SIGTERM');
+    expect(await w.exited).toBe(0);
+    expect(w.log()).toMatch(/stopping: running jobs finish/);
+    const returned = [...w.log().matchAll(/(term\.\S+): returned to the queue|returned (term\.\S+) to the queue/g)].map((m) => m[1] ?? m[2]!);
+    expect(returned.length).toBeGreaterThan(0);
+    expect(await run.done, run.stderr()).toBe(0);
+    const report = readReport(file) as { resolved_instances: number; submitted_instances: number };
+    expect(report.submitted_instances).toBe(12);
+    expect(report.resolved_instances).toBe(12);
+    for (const id of returned) {
+      const job = await queue.getJob(id);
+      expect((job!.returnvalue as EvalJobResult).worker, id).not.toBe(workerId);
+    }
+    console.log(`SIGTERM x2: ${returned.length} job(s) returned by ${workerId}, graded by the others`);
+    await bench.startWorker(node);
   }, 600_000);
 
   it('an interrupted eval --queue resumes: graded instances are not run again', async () => {

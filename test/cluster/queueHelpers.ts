@@ -7,11 +7,12 @@
  * own store. Everything started here is stopped by `close()`.
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { chmodSync, createWriteStream, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, createWriteStream, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { removeTree } from '../../lib/files/fsTree.js';
 import { createDemoTaskSet } from '../../lib/swe/demo/index.js';
 import type { Prediction, Task } from '../../lib/swe/tasks.js';
 
@@ -183,7 +184,8 @@ export async function startBench(n: number, label: string): Promise<Bench> {
       await Promise.all(workers.map((w) => w.exited));
       redis.kill('SIGKILL');
       cleanupNet(namespaces, hostLinks);
-      rmSync(dir, { recursive: true, force: true });
+      // Store layers are read-only (0555 directories): removeTree makes them writable first.
+      await removeTree(dir);
     },
   };
   return bench;
