@@ -18,7 +18,8 @@
  * Usage: node dist/benchmarks/cluster.js [--instances N] [--slots N] [--wait-s S] [--workers 1,2,3] [--only cpu|wait]
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
+import { removeTree } from '../lib/files/fsTree.js';
 import { createServer } from 'node:net';
 import { availableParallelism, cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -131,7 +132,7 @@ async function main(): Promise<void> {
   } finally {
     await stopWorkers();
     redis.kill('SIGKILL');
-    rmSync(dir, { recursive: true, force: true });
+    await removeTree(dir);
   }
 }
 
