@@ -176,9 +176,14 @@ export async function runEvaluation(o: RunOptions): Promise<{ report: EvalRunRep
       progress.update(done, total, `${r.instance_id}: ${r.reward.resolved ? 'resolved' : r.timedOut ? 'timed out' : 'not resolved'}`),
   });
   progress.end();
+  writeRunOutputs(report, results, o);
+  return { report, results };
+}
+
+/** The report file, the logs and the table of a finished run: the same for a local run and a queue run (lib/cluster). */
+export function writeRunOutputs(report: EvalRunReport, results: EvalResult[], o: Pick<RunOptions, 'reportFile' | 'logsDir' | 'predictions'>): void {
   if (o.reportFile) writeFileSync(o.reportFile, `${JSON.stringify(report, null, 2)}\n`);
   if (o.logsDir) writeLogs(o.logsDir, results, o.predictions);
   printReport(report, results);
   if (o.reportFile) out(`report written to ${o.reportFile}`);
-  return { report, results };
 }

@@ -3,17 +3,23 @@ import { absolutePath, outputFile, readableFile, UsageError, type Command } from
 import { JOBS_OPTION, STORE_OPTION, TEST_TIMEOUT_OPTION } from '../options.js';
 import { ISOLATION_OPTION, readPredictions, readTasks, runEvaluation } from '../swe.js';
 import type { TaskIsolation } from '../../swe/tasks.js';
+import { QUEUE_OPTIONS, runQueueEvaluation } from '../cluster.js';
 
 const evalCommand: Command = {
   spec: {
     name: 'eval',
-    usage: ['minisandbox eval TASKS (--predictions PREDS | --gold) [OPTIONS]'],
+    usage: ['minisandbox eval TASKS (--predictions PREDS | --gold) [OPTIONS]', 'minisandbox eval TASKS (--predictions PREDS | --gold) --queue redis://HOST:PORT/NAME [OPTIONS]'],
     about: `Evaluates predictions as SWE-bench does, each in a fresh sandbox: apply the
 patch (git apply, git apply --reject, patch --fuzz=5), reset the test files
 and apply test_patch, run test_cmd, parse the log, grade. Environments are
 prepared first (reused from the store when present). A task that names an
 image runs in a sandbox of that image, or in a Docker container of it
-(isolation "docker"); the report says which, per instance.`,
+(isolation "docker"); the report says which, per instance.
+
+With --queue, the instances are evaluated by the queue's workers ('minisandbox
+worker', one per node; --store and --jobs are theirs) and the report is the
+same. Running the same command again after an interruption resumes the run:
+instances already graded are not run again (docs/cluster.md).`,
     positionals: [{ name: 'TASKS', check: readableFile }],
     options: {
       '--predictions': { values: ['PREDS'], check: readableFile, help: 'SWE-bench predictions (JSONL, JSON list or object)' },
@@ -29,6 +35,13 @@ image runs in a sandbox of that image, or in a Docker container of it
 with every test's status, rewards, timings) as JSON`,
       },
       '--logs': { values: ['DIR'], check: absolutePath, help: 'Write DIR/<instance_id>/{patch.diff,test_output.txt,report.json}' },
+      ...QUEUE_OPTIONS,
+      '--run-id': {
+        values: ['ID'],
+        section: 'Queue (Redis)',
+        help: `The queue run to add to or resume (default: a digest of the tasks,
+predictions, --timeout and --isolation, so the same command resumes)`,
+      },
     },
     exitCodes: `Exit code: 0 if every task and prediction was read and evaluated (resolved
 or not), 1 if some could not be (rejected records, preparation or harness
@@ -43,6 +56,23 @@ errors), 2 on usage errors.`,
     const report = args.get('--report');
     const logs = args.get('--logs');
     const isolation = args.get<TaskIsolation>('--isolation');
+    if (args.has('--queue')) {
+      for (const [flag, instead] of [['--store', "each worker's --store"], ['--jobs', "each worker's --slots"]] as const) {
+        if (args.has(flag)) throw new UsageError(`${flag} does not apply with --queue: the workers evaluate (${instead})`);
+      }
+      const run = await runQueueEvaluation(args, {
+        tasks,
+        predictions: predictions.predictions,
+        timeoutMs: args.get<number>('--timeout')! * 1000,
+        ...(report ? { reportFile: report } : {}),
+        ...(logs ? { logsDir: logs } : {}),
+        ...(isolation ? { isolation } : {}),
+      });
+      return run.error_instances === 0 && rejected === 0 && predictions.rejected === 0 ? 0 : 1;
+    }
+    for (const flag of ['--redis-password-file', '--redis-ca', '--redis-cert', '--redis-key', '--run-id']) {
+      if (args.has(flag)) throw new UsageError(`${flag} is an option of --queue`);
+    }
     const { report: run } = await runEvaluation({
       tasks,
       predictions: predictions.predictions,

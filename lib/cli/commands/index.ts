@@ -25,6 +25,7 @@ export const COMMANDS: readonly CommandEntry[] = [
   { name: 'prepare', summary: 'Build the environments a SWE-bench-style task set needs', load: () => import('./prepare.js') },
   { name: 'eval', summary: 'Evaluate patches (predictions) on a task set, one sandbox each', load: () => import('./eval.js') },
   { name: 'tasks', summary: 'Build task sets: FAIL_TO_PASS/PASS_TO_PASS from test runs', subcommands: ['derive'], load: () => import('./tasks.js') },
+  { name: 'worker', summary: 'Take evaluation jobs from a queue (Redis, BullMQ): one worker per node', load: () => import('./worker.js') },
   { name: 'serve', summary: "Serve sandboxes over SWE-ReX's HTTP protocol", load: () => import('./serve.js') },
   { name: 'env', summary: 'Build Python environments as shared layers', subcommands: ['build', 'ls'], load: () => import('./env.js') },
   { name: 'store', summary: 'The layer store: layers, sizes, users, integrity', subcommands: ['ls', 'du', 'gc', 'verify'], load: () => import('./store.js') },

@@ -5,5 +5,5 @@ export { dockerUnavailable, liveDockerContainers } from './docker.js';
 export { prepareTasks, checkTaskForPrepare, isolationOf, type PrepareOptions, type PrepareResult, type PrepareFailure, type PrepareSummary } from './prepare.js';
 export { evaluate, runTaskTests, type EvaluateOptions, type EvalResult, type EvalTimings, type TestRun } from './evaluate.js';
 export { APPLY_COMMANDS, modifiedFiles, applyScript, testPatchScript, testScript } from './evalScript.js';
-export { evaluateAll, summarizeTimings, overheadOf, type EvaluateAllOptions, type EvaluateAllResult, type EvalRunReport, type TimingSummary } from './runReport.js';
+export { evaluateAll, buildRunReport, summarizeTimings, overheadOf, type EvaluateAllOptions, type EvaluateAllResult, type EvalRunReport, type TimingSummary } from './runReport.js';
 export { createProgress, type ProgressLine } from './progress.js';

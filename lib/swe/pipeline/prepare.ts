@@ -26,6 +26,13 @@ export interface PrepareOptions extends TaskEnvOptions {
    * 'docker' in a sandbox of their image.
    */
   isolation?: TaskIsolation;
+  /**
+   * The TaskEnvs to use (default: a new one, whose interpreter probes last
+   * this call). A long-lived caller that prepares one task at a time (a queue
+   * worker, lib/cluster) passes its own, so that an interpreter is probed
+   * once, not once per task: a probe is a synchronous run of Python.
+   */
+  envs?: TaskEnvs;
 }
 
 export interface PrepareFailure {
@@ -106,7 +113,7 @@ function message(err: unknown): string {
 export async function prepareTasks(tasks: readonly Task[], opts: PrepareOptions): Promise<PrepareResult> {
   const started = performance.now();
   const { onProgress, signal } = opts;
-  const envs = new TaskEnvs(opts);
+  const envs = opts.envs ?? new TaskEnvs(opts);
   const limit = createLimiter(opts.concurrency ?? 2);
   const failures: PrepareFailure[] = [];
   const prepared = new Map<string, PreparedTask>();

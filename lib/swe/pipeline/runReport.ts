@@ -124,15 +124,33 @@ export async function evaluateAll(tasks: readonly Task[], predictions: readonly 
     ),
   );
 
+  const report = buildRunReport(tasks, results, outcomes, errors, performance.now() - started);
   const order = new Map(tasks.map((t, i) => [t.instance_id, i]));
   results.sort((a, b) => order.get(a.instance_id)! - order.get(b.instance_id)!);
+  return { results, report };
+}
+
+/**
+ * The run report of finished evaluations: `results` (each a graded
+ * evaluation), `outcomes` (one per prediction: graded or an error, as
+ * aggregateRunReport takes them) and `errors` (why an instance is an error).
+ * The one report writer: evaluateAll and lib/cluster's queue runs (whose
+ * results come back from other nodes) both call it.
+ */
+export function buildRunReport(
+  tasks: readonly Task[],
+  results: readonly EvalResult[],
+  outcomes: readonly InstanceOutcome[],
+  errors: Readonly<Record<string, string>>,
+  wallMs: number,
+): EvalRunReport {
   const ran = results.filter((r) => r.timings.testCommandMs !== undefined || r.timedOut);
   const runReport = aggregateRunReport(
     tasks.map((t) => t.instance_id),
-    outcomes,
+    [...outcomes],
   );
   const sortedRecord = <T>(entries: Array<[string, T]>) => Object.fromEntries(entries.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
-  const report: EvalRunReport = {
+  return {
     ...runReport,
     instances: sortedRecord(results.map((r) => [r.instance_id, r.report])),
     rewards: sortedRecord(results.map((r) => [r.instance_id, r.reward])),
@@ -148,8 +166,7 @@ export async function evaluateAll(tasks: readonly Task[], predictions: readonly 
       resolved: runReport.resolved_instances,
       evaluated: results.length,
       mean_reward: results.length ? results.reduce((s, r) => s + r.reward.reward, 0) / results.length : 0,
-      wall_ms: performance.now() - started,
+      wall_ms: wallMs,
     },
   };
-  return { results, report };
 }
