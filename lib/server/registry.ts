@@ -75,6 +75,16 @@ export interface RegistryOptions {
   createSandbox?: (opts: SandboxCreateOptions) => Promise<Sandbox>;
   /** The layer store whose images POST /sandboxes may name (default: the default store). */
   imageStore?: string;
+  /**
+   * Asked before a sandbox that nobody reserved a slot for is created (the
+   * default sandbox, in a cluster); returns how to give the slot back if
+   * the creation fails, or throws the HttpError to answer.
+   */
+  admit?: () => Promise<() => Promise<void>>;
+  /** Told once a sandbox is registered (a cluster records where it lives), before its creator hears of it. */
+  onAdded?: (m: ManagedSandbox) => Promise<void>;
+  /** Told once a sandbox was deleted (a cluster frees its slot). */
+  onRemoved?: (m: ManagedSandbox) => Promise<void>;
 }
 
 type ImageStore = Awaited<ReturnType<typeof openImageStore>>;
@@ -106,7 +116,11 @@ export class SandboxRegistry {
     return m;
   }
 
-  async create(request: SandboxCreateOptions & { image?: string } = {}, isDefault = false): Promise<ManagedSandbox> {
+  /**
+   * `admitted`: a slot was already reserved for this sandbox (a cluster's
+   * placement), so `admit` is not asked again.
+   */
+  async create(request: SandboxCreateOptions & { image?: string } = {}, isDefault = false, admitted = false): Promise<ManagedSandbox> {
     if (this.#closed) throw HttpError.detail(503, 'server is shutting down');
     const max = this.options.maxSandboxes;
     if (max !== undefined && this.#byId.size + this.#pending >= max) {
@@ -116,7 +130,9 @@ export class SandboxRegistry {
     }
     this.#pending++;
     let managed: ManagedSandbox;
+    let release: (() => Promise<void>) | undefined;
     try {
+      if (!admitted && this.options.admit) release = await this.options.admit();
       const defaults = this.options.sandboxDefaults ?? {};
       const { image, ...rest } = request;
       const opts: SandboxCreateOptions = {
@@ -126,6 +142,9 @@ export class SandboxRegistry {
         limits: { ...defaults.limits, ...rest.limits },
       };
       managed = image === undefined ? new ManagedSandbox(await this.#create(opts), isDefault) : await this.#createFromImage(image, opts, isDefault);
+    } catch (e) {
+      await release?.().catch(() => {});
+      throw e;
     } finally {
       this.#pending--;
     }
@@ -134,6 +153,15 @@ export class SandboxRegistry {
       throw HttpError.detail(503, 'server is shutting down');
     }
     this.#byId.set(managed.id, managed);
+    if (this.options.onAdded) {
+      try {
+        await this.options.onAdded(managed);
+      } catch (e) {
+        // Unrecorded, the sandbox could not be found from other nodes: undo it whole.
+        await this.delete(managed.id).catch(() => {});
+        throw e;
+      }
+    }
     return managed;
   }
 
@@ -169,7 +197,11 @@ export class SandboxRegistry {
     const m = this.get(id);
     this.#byId.delete(id);
     if (m.isDefault) this.#default = null;
-    await m.close();
+    try {
+      await m.close();
+    } finally {
+      await this.options.onRemoved?.(m);
+    }
   }
 
   async closeAll(): Promise<void> {
