@@ -1,0 +1,209 @@
+/**
+ * Placement of interactive sandboxes across `serve` nodes (issue 14): three
+ * real `minisandbox serve --queue` processes and a real redis-server with a
+ * password, all on loopback. Each process stands for a node: the placement
+ * logic only sees URLs, so separate network namespaces would add nothing.
+ */
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { chmodSync, existsSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { join } from 'node:path';
+import { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { tempDir } from '../helpers.js';
+import { TOKEN, call, cleanEnv, commandReq, createSessionReq, bashAction, post, get, serveSync, startServe, type ServeProcess } from '../server/helpers.js';
+
+const REDIS = ['/usr/bin/redis-server', '/usr/local/bin/redis-server'].find((p) => existsSync(p));
+const PASSWORD = `pw-${Math.random().toString(36).slice(2)}`;
+/** Short, so a killed node leaves placement within the test; heartbeats go every third of it. */
+const TTL_S = 2;
+
+const dir = tempDir('msbx-placement-test-');
+let redis: ChildProcess | undefined;
+let redisPort = 0;
+const nodes: ServeProcess[] = [];
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+async function startRedis(): Promise<void> {
+  redisPort = await freePort();
+  redis = spawn(REDIS!, ['--port', String(redisPort), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--requirepass', PASSWORD, '--dir', dir.path], {
+    stdio: 'ignore',
+  });
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    const client = new Redis({ port: redisPort, host: '127.0.0.1', password: PASSWORD, lazyConnect: true, retryStrategy: () => null, maxRetriesPerRequest: 0 });
+    client.on('error', () => {});
+    try {
+      await client.connect();
+      await client.ping();
+      return;
+    } catch (e) {
+      if (Date.now() > deadline) throw new Error(`redis-server did not start on port ${redisPort}: ${(e as Error).message}`);
+      await new Promise((r) => setTimeout(r, 100));
+    } finally {
+      client.disconnect();
+    }
+  }
+}
+
+const queue = (name: string) => `redis://127.0.0.1:${redisPort}/${name}`;
+
+function passwordFile(): string {
+  const path = join(dir.path, 'redis-password');
+  writeFileSync(path, `${PASSWORD}\n`);
+  chmodSync(path, 0o600);
+  return path;
+}
+
+/** A node of cluster `name` with `slots` slots (the Redis password from a file, the token from the environment). */
+function startNode(name: string, slots: number): Promise<ServeProcess> {
+  return startServe(['--quiet', '--queue', queue(name), '--slots', String(slots), '--heartbeat-ttl', String(TTL_S), '--redis-password-file', passwordFile()], cleanEnv({ MINISANDBOX_AUTH_TOKEN: TOKEN }));
+}
+
+interface ClusterView {
+  nodes: { url: string; slots: number; used: number; free: number }[];
+}
+
+describe.skipIf(!REDIS)(`serve --queue: placement across nodes${REDIS ? '' : ' (skipped: no redis-server binary)'}`, () => {
+  beforeAll(async () => {
+    await startRedis();
+  });
+
+  afterAll(async () => {
+    await Promise.all(nodes.map((n) => n.stop().catch(() => {})));
+    redis?.kill('SIGKILL');
+    dir.remove();
+  });
+
+  it('refuses a wrong Redis password and cluster flags without --queue, naming what is wrong', async () => {
+    const wrong = serveSync(['--queue', queue('x'), '--slots', '2'], cleanEnv({ MINISANDBOX_AUTH_TOKEN: TOKEN, MINISANDBOX_REDIS_PASSWORD: 'not-it' }));
+    expect(wrong.status).toBe(1);
+    expect(wrong.stderr).toContain(`redis://127.0.0.1:${redisPort}/x`);
+    expect(wrong.stderr).toMatch(/WRONGPASS|invalid username-password/);
+    expect(wrong.stderr).not.toContain('not-it');
+    const stray = serveSync(['--slots', '2'], cleanEnv({ MINISANDBOX_AUTH_TOKEN: TOKEN }));
+    expect(stray.status).toBe(2);
+    expect(stray.stderr).toContain('--slots needs --queue');
+  });
+
+  it('100 concurrent POST /sandboxes to one node spread by free slots, never past a node\'s slots; closing frees them; a killed node is skipped and its sandboxes reported gone', async () => {
+    const slots = [20, 40, 60];
+    for (const s of slots) nodes.push(await startNode('place', s));
+    const [a, b, c] = nodes as [ServeProcess, ServeProcess, ServeProcess];
+    const view = async (n: ServeProcess) => (await get(`${n.url}/cluster`)).body as ClusterView;
+    expect((await view(a)).nodes.map((n) => [n.url, n.slots, n.used])).toEqual(
+      nodes.map((n, i) => [n.url, slots[i], 0]).sort((x, y) => String(x[0]).localeCompare(String(y[0]))),
+    );
+
+    // 100 creates at once, all sent to node a.
+    const t0 = performance.now();
+    const created = await Promise.all(Array.from({ length: 100 }, () => post(`${a.url}/sandboxes`, {})));
+    const createMs = performance.now() - t0;
+    expect(created.map((r) => r.status)).toEqual(Array(100).fill(200));
+    const byNode = new Map<string, string[]>(nodes.map((n) => [n.url, []]));
+    for (const r of created) {
+      expect(r.body.url).toBe(`${r.body.node}/sandboxes/${r.body.id}`);
+      byNode.get(r.body.node)!.push(r.body.id);
+    }
+    const counts = nodes.map((n) => byNode.get(n.url)!.length);
+    const free = counts.map((k, i) => slots[i]! - k);
+    console.log(`placement: 100 creates through one node in ${(createMs / 1000).toFixed(1)}s; per node ${counts.join('/')} of ${slots.join('/')} slots`);
+    // Most-free-first leaves every node with the same free slots, give or take one.
+    expect(Math.max(...free) - Math.min(...free)).toBeLessThanOrEqual(1);
+    expect(free.every((f) => f >= 0)).toBe(true);
+    expect(counts.reduce((x, y) => x + y)).toBe(100);
+    // Redis's count and each node's own listing agree with the answers: the sandboxes run where they were said to.
+    const after = await view(b);
+    for (const [i, n] of nodes.entries()) {
+      expect(after.nodes.find((v) => v.url === n.url)!.used).toBe(counts[i]);
+      const listed = (await get(`${n.url}/sandboxes`)).body.sandboxes.map((s: { id: string }) => s.id).sort();
+      expect(listed).toEqual([...byNode.get(n.url)!].sort());
+    }
+    // A request sent to the wrong node is redirected to the right one (fetch follows the 307).
+    const onC = byNode.get(c.url)![0]!;
+    const viaA = await post(`${a.url}/sandboxes/${onC}/execute`, commandReq('hostname; cat /proc/1/comm', { shell: true }));
+    expect(viaA.status).toBe(200);
+    const direct = await get(`${c.url}/sandboxes/${onC}`);
+    expect(viaA.body.stdout).toBe(`${direct.body.hostname}\nmsbx-init\n`);
+
+    // Closing node a's sandboxes (through their URLs) frees its slots; the next creates go there.
+    for (const id of byNode.get(a.url)!) expect((await call(`${a.url}/sandboxes/${id}`, 'DELETE')).status).toBe(200);
+    expect((await view(c)).nodes.find((v) => v.url === a.url)!.used).toBe(0);
+    const refill = await Promise.all(Array.from({ length: 5 }, () => post(`${b.url}/sandboxes`, {})));
+    expect(refill.map((r) => r.body.node)).toEqual(Array(5).fill(a.url));
+
+    // SIGKILL node c. Within its TTL it is still registered: creates aimed at it fail over.
+    process.kill(c.pid, 'SIGKILL');
+    const failover = await Promise.all(Array.from({ length: 4 }, () => post(`${a.url}/sandboxes`, {})));
+    expect(failover.map((r) => r.status)).toEqual([200, 200, 200, 200]);
+    for (const r of failover) expect(r.body.node).not.toBe(c.url);
+    // Past the TTL it has left placement by itself.
+    await new Promise((r) => setTimeout(r, TTL_S * 1000 + 500));
+    expect((await view(a)).nodes.map((n) => n.url)).not.toContain(c.url);
+    // Requests about its sandboxes, to either live node, answer 410 at once, naming it.
+    for (const n of [a, b]) {
+      for (const [method, path, body] of [
+        ['GET', '', undefined],
+        ['POST', '/execute', commandReq('true')],
+        ['GET', '/is_alive', undefined],
+        ['DELETE', '', undefined],
+      ] as const) {
+        const r = await call(`${n.url}/sandboxes/${onC}${path}`, method, body);
+        expect(r.status).toBe(410);
+        expect(r.body).toMatchObject({ node: c.url, sandbox: onC });
+        expect(r.body.detail).toContain(`was on node ${c.url}, which is gone`);
+        expect(r.ms).toBeLessThan(1000);
+      }
+    }
+    // An id nobody ever had is still a plain 404.
+    expect((await get(`${a.url}/sandboxes/sbx-000000000000`)).status).toBe(404);
+    // The live nodes fill up to their own slots, never c's.
+    const live = await view(a);
+    const room = live.nodes.reduce((s, n) => s + n.free, 0);
+    const fill = await Promise.all(Array.from({ length: room + 3 }, () => post(`${b.url}/sandboxes`, {})));
+    expect(fill.filter((r) => r.status === 200).length).toBe(room);
+    const full = fill.filter((r) => r.status === 429);
+    expect(full.length).toBe(3);
+    expect(full[0]!.body.detail).toMatch(/no free slot in cluster place: its 2 live nodes use 60 of 60 slots/);
+    const final = await view(b);
+    for (const n of final.nodes) expect(n.used).toBe(n.slots);
+    for (const n of [a, b]) expect((await get(`${n.url}/sandboxes`)).body.sandboxes.length).toBe(slots[nodes.indexOf(n)]);
+  }, 300_000);
+
+  it('SWE-ReX\'s Python RemoteRuntime drives a placed sandbox through the URL the create answered', async (ctx) => {
+    const probe = spawnSync('python3', ['-c', 'import swerex.runtime.remote'], { encoding: 'utf8' });
+    if (probe.status !== 0) ctx.skip(`the swerex Python package is not installed (python3: ${probe.stderr.trim().split('\n').at(-1)})`);
+    const [a, b] = await Promise.all([startNode('swerex', 1), startNode('swerex', 3)]);
+    nodes.push(a, b);
+    const created = await post(`${a.url}/sandboxes`, {});
+    expect(created.body.node).toBe(b.url);
+    const script = `
+import asyncio, sys
+from swerex.runtime.remote import RemoteRuntime
+from swerex.runtime.abstract import BashAction, Command, CreateBashSessionRequest
+async def main():
+    rt = RemoteRuntime(host=sys.argv[1], port=None, auth_token=sys.argv[2])
+    assert (await rt.is_alive()).is_alive
+    await rt.create_session(CreateBashSessionRequest())
+    out = await rt.run_in_session(BashAction(command="cd /tmp && echo placed-$((6*7))", check="silent"))
+    print(out.output.strip())
+    print((await rt.execute(Command(command="pwd", shell=True))).stdout.strip())
+    await rt.close()
+asyncio.run(main())
+`;
+    const run = spawnSync('python3', ['-c', script, created.body.url, TOKEN], { encoding: 'utf8', timeout: 60_000 });
+    expect(run.stderr).toBe('');
+    expect(run.stdout).toBe('placed-42\n/work\n');
+    expect((await get(`${b.url}/sandboxes/${created.body.id}`)).body.sessions).toEqual([]);
+  }, 120_000);
+});
