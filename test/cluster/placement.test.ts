@@ -180,30 +180,55 @@ describe.skipIf(!REDIS)(`serve --queue: placement across nodes${REDIS ? '' : ' (
     for (const n of [a, b]) expect((await get(`${n.url}/sandboxes`)).body.sandboxes.length).toBe(slots[nodes.indexOf(n)]);
   }, 300_000);
 
-  it('SWE-ReX\'s Python RemoteRuntime drives a placed sandbox through the URL the create answered', async (ctx) => {
+  // The swerex package is not on this machine's package index. To run this test, put SWE-ReX's
+  // source and its client's dependencies (aiohttp, pydantic, rich, requests) on python3's path:
+  //   python3 -m venv V && V/bin/pip install aiohttp pydantic rich requests
+  //   PATH=V/bin:$PATH PYTHONPATH=SWE-ReX/src npx vitest run test/cluster
+  it('SWE-ReX\'s Python RemoteRuntime drives a placed sandbox through the URL the create answered, follows a wrong node\'s 307, and hears a dead node\'s 410', async (ctx) => {
     const probe = spawnSync('python3', ['-c', 'import swerex.runtime.remote'], { encoding: 'utf8' });
-    if (probe.status !== 0) ctx.skip(`the swerex Python package is not installed (python3: ${probe.stderr.trim().split('\n').at(-1)})`);
+    if (probe.status !== 0) ctx.skip(`the swerex Python package is not importable (python3: ${probe.stderr.trim().split('\n').at(-1)})`);
     const [a, b] = await Promise.all([startNode('swerex', 1), startNode('swerex', 3)]);
     nodes.push(a, b);
     const created = await post(`${a.url}/sandboxes`, {});
     expect(created.body.node).toBe(b.url);
     const script = `
-import asyncio, sys
+import asyncio, sys, time, aiohttp
 from swerex.runtime.remote import RemoteRuntime
 from swerex.runtime.abstract import BashAction, Command, CreateBashSessionRequest
-async def main():
-    rt = RemoteRuntime(host=sys.argv[1], port=None, auth_token=sys.argv[2])
-    assert (await rt.is_alive()).is_alive
-    await rt.create_session(CreateBashSessionRequest())
-    out = await rt.run_in_session(BashAction(command="cd /tmp && echo placed-$((6*7))", check="silent"))
-    print(out.output.strip())
-    print((await rt.execute(Command(command="pwd", shell=True))).stdout.strip())
-    await rt.close()
-asyncio.run(main())
+async def main(mode, url, token):
+    rt = RemoteRuntime(host=url, port=None, auth_token=token)
+    if mode == "drive":
+        assert (await rt.is_alive()).is_alive
+        await rt.create_session(CreateBashSessionRequest())
+        out = await rt.run_in_session(BashAction(command="cd /tmp && echo placed-$((6*7))", check="silent"))
+        print(out.output.strip())
+        print((await rt.execute(Command(command="pwd", shell=True))).stdout.strip())
+        await rt.close()
+    elif mode == "redirected":
+        print((await rt.execute(Command(command="echo redirected", shell=True))).stdout.strip())
+    else:
+        t0 = time.monotonic()
+        try:
+            await rt.execute(Command(command="true", shell=True))
+        except aiohttp.ClientResponseError as e:
+            print(e.status, time.monotonic() - t0 < 1)
+        print((await rt.is_alive()).is_alive)
+asyncio.run(main(*sys.argv[1:]))
 `;
-    const run = spawnSync('python3', ['-c', script, created.body.url, TOKEN], { encoding: 'utf8', timeout: 60_000 });
-    expect(run.stderr).toBe('');
-    expect(run.stdout).toBe('placed-42\n/work\n');
+    const python = (mode: string, url: string) => spawnSync('python3', ['-c', script, mode, url, TOKEN], { encoding: 'utf8', timeout: 60_000 });
+    const drive = python('drive', created.body.url);
+    expect(drive.stderr).toBe('');
+    expect(drive.stdout).toBe('placed-42\n/work\n');
     expect((await get(`${b.url}/sandboxes/${created.body.id}`)).body.sessions).toEqual([]);
+    // The wrong node's URL for the sandbox: aiohttp follows the 307 with the method, body and X-API-Key.
+    const redirected = python('redirected', `${a.url}/sandboxes/${created.body.id}`);
+    expect(redirected.stdout).toBe('redirected\n');
+    // Its node killed, past the TTL: the client raises at once for the 410, logging the body that names the node.
+    process.kill(b.pid, 'SIGKILL');
+    await new Promise((r) => setTimeout(r, TTL_S * 1000 + 500));
+    const gone = python('gone', `${a.url}/sandboxes/${created.body.id}`);
+    expect(gone.stdout.trim().split('\n').slice(-2)).toEqual(['410 True', 'False']);
+    // swerex's logger (rich, on stdout) shows the reply's body, wrapped at spaces.
+    expect(gone.stdout.replace(/\s+/g, ' ')).toContain(`'node': '${b.url}'`);
   }, 120_000);
 });
