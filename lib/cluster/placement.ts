@@ -2,12 +2,17 @@
  * Placement of interactive sandboxes across `serve` nodes, on Redis.
  *
  * Every node registers a hash `<prefix>node:<url>` (its advertised URL, an
- * instance id, its slots, how many are used) that lives only as long as its
- * heartbeat keeps renewing the TTL, so a node that dies drops out of
- * placement by itself, with nobody to notice. `place()` reserves a slot on
- * the node with the most free slots in one Lua script: Redis runs a script
- * alone, so concurrent creates on any number of nodes can never hand out
- * more slots than a node has. Each sandbox also gets `<prefix>sbx:<id>`
+ * instance id, its slots, how many sandboxes it holds) that lives only as
+ * long as its heartbeat keeps renewing the TTL, so a node that dies drops
+ * out of placement by itself, with nobody to notice. `place()` reserves a
+ * slot on the node with the most free slots in one Lua script: Redis runs a
+ * script alone, so concurrent creates on any number of nodes can never hand
+ * out more slots than a node has. A reservation is a token in the node's
+ * `<prefix>resv:<url>` sorted set, scored by when it lapses: the node
+ * claims it when the create arrives (the token leaves the set and the
+ * node's count grows in one step), a failed create drops it (dropping twice
+ * is harmless), and one whose placer died lapses by itself, so no slot
+ * leaks. Each sandbox also gets `<prefix>sbx:<id>`
  * (its node and that node's instance id), renewed by its node's heartbeat
  * while it lives and deleted when it is closed: any node can tell a request
  * about another node's sandbox where it lives, or that its node is gone.
@@ -54,7 +59,10 @@ export interface PlacementOptions {
 export interface NodeInfo {
   url: string;
   slots: number;
+  /** Sandboxes it holds. */
   used: number;
+  /** Slots reserved for creates on their way to it. */
+  reserved: number;
   free: number;
   self: boolean;
 }
@@ -66,60 +74,73 @@ export interface SandboxLocation {
   alive: boolean;
 }
 
-/** The outcome of a placement: the chosen node (its slot reserved), or why none could be. */
+/** The outcome of a placement: the chosen node and the token of the slot reserved there, or why none could be. */
 export type Placed =
-  | { node: string; instance: string; self: boolean; free: number }
+  | { node: string; token: string; self: boolean; free: number }
   | { node: null; nodes: number; slots: number; used: number };
 
-// KEYS[1] nodes set. ARGV[1] prefix, ARGV[2] this node's URL, ARGV[3..] nodes to skip.
-// Most free slots wins; among equals the first in URL order, unless this node is
-// among them (no hop). Entries whose hash expired are dropped from the set here.
+// Redis's clock in ms, so that every node's reservations lapse on one clock.
+const NOW = `local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
+
+// KEYS[1] nodes set. ARGV[1] prefix, ARGV[2] this node's URL, ARGV[3] token,
+// ARGV[4] how long the reservation holds (ms), ARGV[5..] nodes to skip. Free is
+// slots - held sandboxes - live reservations. Most free wins; among equals the
+// first in URL order, unless this node is among them (no hop). Nodes whose hash
+// expired are dropped from the set here.
 const PLACE = `
+${NOW}
 local skip = {}
-for i = 3, #ARGV do skip[ARGV[i]] = true end
+for i = 5, #ARGV do skip[ARGV[i]] = true end
 local urls = redis.call('SMEMBERS', KEYS[1])
 table.sort(urls)
-local best, bestFree, bestInstance = false, 0, false
+local best, bestFree = false, 0
 local nodes, slots, used = 0, 0, 0
 for _, url in ipairs(urls) do
-  local v = redis.call('HMGET', ARGV[1] .. 'node:' .. url, 'slots', 'used', 'instance')
+  local v = redis.call('HMGET', ARGV[1] .. 'node:' .. url, 'slots', 'used')
   if not v[1] then
     redis.call('SREM', KEYS[1], url)
   else
-    local s, u = tonumber(v[1]), tonumber(v[2] or '0')
+    local resv = ARGV[1] .. 'resv:' .. url
+    redis.call('ZREMRANGEBYSCORE', resv, '-inf', now)
+    local s, u = tonumber(v[1]), tonumber(v[2] or '0') + redis.call('ZCARD', resv)
     nodes, slots, used = nodes + 1, slots + s, used + u
     local free = s - u
     if not skip[url] and (free > bestFree or (free == bestFree and free > 0 and url == ARGV[2])) then
-      best, bestFree, bestInstance = url, free, v[3]
+      best, bestFree = url, free
     end
   end
 end
 if best then
-  redis.call('HINCRBY', ARGV[1] .. 'node:' .. best, 'used', 1)
-  return {best, bestInstance, bestFree}
+  local resv = ARGV[1] .. 'resv:' .. best
+  redis.call('ZADD', resv, now + tonumber(ARGV[4]), ARGV[3])
+  redis.call('PEXPIRE', resv, 2 * tonumber(ARGV[4]))
+  return {best, bestFree}
 end
 return {false, nodes, slots, used}
 `;
 
-// KEYS[1] a node's hash. ARGV[1] the instance that reserved. A slot goes back only
-// to the instance it was taken from: a restarted node starts from its own count.
-const RELEASE = `
-local v = redis.call('HMGET', KEYS[1], 'instance', 'used')
-if v[1] == ARGV[1] and tonumber(v[2] or '0') > 0 then
-  redis.call('HINCRBY', KEYS[1], 'used', -1)
-  return 1
-end
-return 0
-`;
-
-// KEYS[1] this node's hash. ARGV[1] instance. A slot for this node's own use
-// (its default sandbox), if it has one free.
-const RESERVE_SELF = `
+// KEYS[1] this node's hash, KEYS[2] its reservations. ARGV[1] instance, ARGV[2]
+// a token place() gave ('' for this node's own use: its default sandbox, taken
+// only if a slot is free). -1: the hash is gone (rejoin first).
+const CLAIM = `
+${NOW}
 local v = redis.call('HMGET', KEYS[1], 'instance', 'slots', 'used')
 if v[1] ~= ARGV[1] then return -1 end
-if tonumber(v[3] or '0') >= tonumber(v[2]) then return 0 end
+if ARGV[2] == '' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  if tonumber(v[3] or '0') + redis.call('ZCARD', KEYS[2]) >= tonumber(v[2]) then return 0 end
+else
+  redis.call('ZREM', KEYS[2], ARGV[2])
+end
 redis.call('HINCRBY', KEYS[1], 'used', 1)
 return 1
+`;
+
+// KEYS[1] this node's hash. ARGV[1] instance. One sandbox fewer.
+const UNCOUNT = `
+local v = redis.call('HMGET', KEYS[1], 'instance', 'used')
+if v[1] == ARGV[1] and tonumber(v[2] or '0') > 0 then redis.call('HINCRBY', KEYS[1], 'used', -1) end
+return 0
 `;
 
 // KEYS[1] this node's hash, KEYS[2] nodes set. ARGV: url, instance, slots, ttl ms,
@@ -130,17 +151,21 @@ local current = redis.call('HGET', KEYS[1], 'instance')
 if current and current ~= ARGV[2] then
   if ARGV[6] == 'register' then return current end
 end
+local answer = 'ok'
 if current ~= ARGV[2] then
+  if ARGV[6] ~= 'register' then answer = 'rejoined' end
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 'url', ARGV[1], 'instance', ARGV[2], 'used', ARGV[5])
 end
 redis.call('HSET', KEYS[1], 'slots', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('SADD', KEYS[2], ARGV[1])
-return 'ok'
+return answer
 `;
 
 const DEFAULT_TTL_MS = 15_000;
+/** A reservation nobody claimed by then (its placer died mid-create) lapses: sandbox creation takes seconds. */
+const RESERVATION_MS = 120_000;
 const DEFAULT_GONE_MEMORY_MS = 24 * 3600_000;
 
 /** A node's membership in a cluster: registration, heartbeat, slot reservations, the sandbox map. */
@@ -205,7 +230,7 @@ export class Placement {
     return p;
   }
 
-  #key(kind: 'node' | 'sbx', name: string): string {
+  #key(kind: 'node' | 'sbx' | 'resv', name: string): string {
     return `${this.#prefix}${kind}:${name}`;
   }
 
@@ -238,7 +263,11 @@ export class Placement {
     if (this.#beating || this.#stopped) return;
     this.#beating = (async () => {
       try {
-        await this.#heartbeat('beat', this.#opts.localCount());
+        const answer = await this.#heartbeat('beat', this.#opts.localCount());
+        if (answer === 'rejoined') {
+          // Its hash expired: Redis was away, or this process was too busy to beat within the TTL.
+          this.#opts.warn?.(`placement: node ${this.url} had left placement (no heartbeat for ${this.ttlMs / 1000}s) and joined again with ${this.#opts.localCount()} of ${this.slots} slots in use`);
+        }
         const ids = this.#opts.localIds();
         if (ids.length > 0) {
           const multi = this.#redis.multi();
@@ -260,29 +289,45 @@ export class Placement {
 
   /**
    * Reserves a slot on the node with the most free slots (this node among
-   * equals), skipping `exclude` (nodes that just failed to answer). The
-   * caller creates the sandbox there, or gives the slot back with release().
+   * equals), skipping `exclude` (nodes that just failed to answer or were
+   * full). The create sent there carries the token, which that node claims;
+   * if the create fails, drop() gives the slot back.
    */
   async place(exclude: readonly string[] = []): Promise<Placed> {
-    const r = (await this.#call('placing a sandbox', () => this.#redis.eval(PLACE, 1, `${this.#prefix}nodes`, this.#prefix, this.url, ...exclude))) as [string | null, ...unknown[]];
-    if (r[0]) return { node: r[0], instance: String(r[1]), free: Number(r[2]), self: r[0] === this.url };
+    const token = randomBytes(12).toString('hex');
+    const r = (await this.#call('placing a sandbox', () =>
+      this.#redis.eval(PLACE, 1, `${this.#prefix}nodes`, this.#prefix, this.url, token, RESERVATION_MS, ...exclude),
+    )) as [string | null, ...unknown[]];
+    if (r[0]) return { node: r[0], token, free: Number(r[1]), self: r[0] === this.url };
     return { node: null, nodes: Number(r[1]), slots: Number(r[2]), used: Number(r[3]) };
   }
 
-  /** Gives back a slot place() reserved on `node` (of that node's `instance`). */
-  async release(node: string, instance: string): Promise<void> {
-    await this.#call(`releasing a slot of ${node}`, () => this.#redis.eval(RELEASE, 1, this.#key('node', node), instance));
+  /** Gives back a reservation that no sandbox took (again is harmless: the token is gone). */
+  async drop(node: string, token: string): Promise<void> {
+    await this.#call(`releasing a slot of ${node}`, () => this.#redis.zrem(this.#key('resv', node), token));
   }
 
-  /** A slot of this node for its own use (the default sandbox); false when it has none free. */
-  async reserveSelf(): Promise<boolean> {
-    let r = Number(await this.#call('reserving a slot', () => this.#redis.eval(RESERVE_SELF, 1, this.#key('node', this.url), this.instance)));
+  /**
+   * Counts a sandbox this node starts creating: under the token another
+   * node (or this one) reserved for it, or, without one, only if a slot is
+   * free. Returns false when none is.
+   */
+  async claim(token = ''): Promise<boolean> {
+    const run = () =>
+      this.#call('claiming a slot', () => this.#redis.eval(CLAIM, 2, this.#key('node', this.url), this.#key('resv', this.url), this.instance, token));
+    const r = Number(await run());
     if (r === -1) {
-      // The node's hash expired (Redis was away longer than the TTL): register again from our own count.
+      // The node's hash expired (Redis away, or this process starved past the TTL):
+      // join again from our own count, which includes this creation already.
       await this.#heartbeat('beat', this.#opts.localCount());
-      r = Number(await this.#call('reserving a slot', () => this.#redis.eval(RESERVE_SELF, 1, this.#key('node', this.url), this.instance)));
+      return true;
     }
     return r === 1;
+  }
+
+  /** One sandbox of this node fewer (its creation failed, or it was closed). */
+  async uncount(): Promise<void> {
+    await this.#call('freeing a slot', () => this.#redis.eval(UNCOUNT, 1, this.#key('node', this.url), this.instance));
   }
 
   /** Records that sandbox `id` lives here, for requests that reach another node. */
@@ -294,7 +339,7 @@ export class Placement {
   /** Sandbox `id` of this node was closed: its entry goes and its slot is free again. */
   async forget(id: string): Promise<void> {
     await this.#call(`forgetting sandbox ${id}`, () => this.#redis.del(this.#key('sbx', id)));
-    await this.release(this.url, this.instance);
+    await this.uncount();
   }
 
   /** Where sandbox `id` lives, or null when no node recorded it (or its entry expired). */
@@ -313,7 +358,9 @@ export class Placement {
     for (const url of urls) {
       const [slots, used] = await this.#call('listing nodes', () => this.#redis.hmget(this.#key('node', url), 'slots', 'used'));
       if (slots === null) continue;
-      out.push({ url, slots: Number(slots), used: Number(used ?? 0), free: Number(slots) - Number(used ?? 0), self: url === this.url });
+      const reserved = await this.#call('listing nodes', () => this.#redis.zcount(this.#key('resv', url), `(${Date.now()}`, '+inf'));
+      const n = { slots: Number(slots), used: Number(used ?? 0), reserved };
+      out.push({ url, ...n, free: n.slots - n.used - n.reserved, self: url === this.url });
     }
     return out;
   }

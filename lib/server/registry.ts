@@ -76,11 +76,12 @@ export interface RegistryOptions {
   /** The layer store whose images POST /sandboxes may name (default: the default store). */
   imageStore?: string;
   /**
-   * Asked before a sandbox that nobody reserved a slot for is created (the
-   * default sandbox, in a cluster); returns how to give the slot back if
-   * the creation fails, or throws the HttpError to answer.
+   * Asked before every creation (a cluster counts the sandbox), with the
+   * token of the slot a placement reserved for it, or undefined (the
+   * default sandbox: a slot must be free). Returns how to give the slot
+   * back if the creation fails, or throws the HttpError to answer.
    */
-  admit?: () => Promise<() => Promise<void>>;
+  admit?: (slotToken: string | undefined) => Promise<() => Promise<void>>;
   /** Told once a sandbox is registered (a cluster records where it lives), before its creator hears of it. */
   onAdded?: (m: ManagedSandbox) => Promise<void>;
   /** Told once a sandbox was deleted (a cluster frees its slot). */
@@ -106,6 +107,11 @@ export class SandboxRegistry {
     return this.#byId.size;
   }
 
+  /** Sandboxes being created now (they hold a slot already). */
+  get pending(): number {
+    return this.#pending;
+  }
+
   list(): ManagedSandbox[] {
     return [...this.#byId.values()];
   }
@@ -116,11 +122,8 @@ export class SandboxRegistry {
     return m;
   }
 
-  /**
-   * `admitted`: a slot was already reserved for this sandbox (a cluster's
-   * placement), so `admit` is not asked again.
-   */
-  async create(request: SandboxCreateOptions & { image?: string } = {}, isDefault = false, admitted = false): Promise<ManagedSandbox> {
+  /** `slotToken`: the slot a cluster's placement reserved for this sandbox. */
+  async create(request: SandboxCreateOptions & { image?: string } = {}, isDefault = false, slotToken?: string): Promise<ManagedSandbox> {
     if (this.#closed) throw HttpError.detail(503, 'server is shutting down');
     const max = this.options.maxSandboxes;
     if (max !== undefined && this.#byId.size + this.#pending >= max) {
@@ -132,7 +135,7 @@ export class SandboxRegistry {
     let managed: ManagedSandbox;
     let release: (() => Promise<void>) | undefined;
     try {
-      if (!admitted && this.options.admit) release = await this.options.admit();
+      if (this.options.admit) release = await this.options.admit(slotToken);
       const defaults = this.options.sandboxDefaults ?? {};
       const { image, ...rest } = request;
       const opts: SandboxCreateOptions = {

@@ -212,9 +212,9 @@ async function handleManagement(rest: string[], trailingSlash: boolean, req: Inc
     const raw = await readBody(req, ctx.maxBodyBytes);
     // Validated here first: a malformed request never costs a slot or a hop.
     const request = parseCreateSandbox(raw.toString('utf8').trim() === '' ? undefined : parseJsonBody(raw));
-    const placedHere = req.headers[PLACED_HEADER] !== undefined;
-    if (ctx.placement && !placedHere) return placeSandbox(ctx.placement, raw, request, req, ctx);
-    return createHere(request, ctx, placedHere);
+    const token = req.headers[PLACED_HEADER];
+    if (ctx.placement && typeof token !== 'string') return placeSandbox(ctx.placement, raw, request, req, ctx);
+    return createHere(request, ctx, typeof token === 'string' ? token : undefined);
   }
   const managed = await lookup(decodeURIComponent(rest[0]!), req, ctx);
   // `<base>/` is the SWE-ReX root (hello world); `<base>` without the slash inspects.
@@ -229,11 +229,11 @@ async function handleManagement(rest: string[], trailingSlash: boolean, req: Inc
   return handleSwerex(rest[1]!, req, ctx, async () => managed, managed);
 }
 
-/** Creates a sandbox on this node; `admitted`: its slot is already reserved. */
-async function createHere(request: ReturnType<typeof parseCreateSandbox>, ctx: Context, admitted: boolean): Promise<JsonReply> {
+/** Creates a sandbox on this node; `slotToken`: the slot a placement reserved for it. */
+async function createHere(request: ReturnType<typeof parseCreateSandbox>, ctx: Context, slotToken: string | undefined): Promise<JsonReply> {
   let managed: ManagedSandbox;
   try {
-    managed = await ctx.registry.create(request, false, admitted);
+    managed = await ctx.registry.create(request, false, slotToken);
   } catch (e) {
     if (e instanceof ConfigError) {
       throw validationError([{ type: 'value_error', loc: ['body', ...(e.option ?? '').split('.').filter(Boolean)], msg: e.message, input: null }]);
@@ -262,18 +262,18 @@ async function placeSandbox(placement: Placement, raw: Buffer, request: ReturnTy
   for (let attempt = 0; attempt < MAX_PLACEMENT_TRIES; attempt++) {
     const placed = await placement.place(failed).catch(clusterUnavailable);
     if (placed.node === null) {
-      const why = unreachable.length ? `; did not answer: ${unreachable.join('; ')}` : '';
+      const why = unreachable.length ? `; tried and failed: ${unreachable.join('; ')}` : '';
       throw HttpError.detail(429, `no free slot in cluster ${placement.target.queueName}: its ${placed.nodes} live nodes use ${placed.used} of ${placed.slots} slots${why}`, { 'retry-after': '1' });
     }
     if (placed.self) {
       try {
-        return await createHere(request, ctx, true);
-      } catch (e) {
-        await placement.release(placed.node, placed.instance).catch(() => {});
-        throw e;
+        return await createHere(request, ctx, placed.token);
+      } finally {
+        // Claimed by now, unless the creation failed first: then this frees the slot.
+        await placement.drop(placed.node, placed.token).catch(() => {});
       }
     }
-    const headers: Record<string, string> = { 'content-type': 'application/json', [PLACED_HEADER]: placement.url };
+    const headers: Record<string, string> = { 'content-type': 'application/json', [PLACED_HEADER]: placed.token };
     if (ctx.authToken) headers['x-api-key'] = ctx.authToken;
     const requestId = req.headers['x-request-id'];
     if (typeof requestId === 'string') headers['x-request-id'] = requestId;
@@ -281,20 +281,26 @@ async function placeSandbox(placement: Placement, raw: Buffer, request: ReturnTy
     try {
       res = await fetch(`${placed.node}/sandboxes`, { method: 'POST', headers, body: new Uint8Array(raw), signal: AbortSignal.timeout(FORWARD_TIMEOUT_MS), redirect: 'manual' });
     } catch (e) {
-      await placement.release(placed.node, placed.instance).catch(() => {});
+      await placement.drop(placed.node, placed.token).catch(() => {});
       failed.push(placed.node);
       const err = e as Error & { cause?: { code?: string } };
       unreachable.push(`${placed.node} (${err.cause?.code ?? err.message})`);
       continue;
     }
     const body = await res.text();
-    if (!res.ok) await placement.release(placed.node, placed.instance).catch(() => {});
+    if (!res.ok) await placement.drop(placed.node, placed.token).catch(() => {});
+    if (res.status === 429 || res.status === 503) {
+      // Full or shutting down after all (its count in Redis lagged): the next node may not be.
+      failed.push(placed.node);
+      unreachable.push(`${placed.node} (${res.status})`);
+      continue;
+    }
     const headersOut: Record<string, string> = {};
     const retryAfter = res.headers.get('retry-after');
     if (retryAfter) headersOut['retry-after'] = retryAfter;
     return { status: res.status, body, headers: headersOut };
   }
-  throw HttpError.detail(503, `no node of cluster ${placement.target.queueName} could take the sandbox: ${unreachable.join('; ')}`);
+  throw HttpError.detail(503, `no node of cluster ${placement.target.queueName} could take the sandbox: ${unreachable.join('; ')}`, { 'retry-after': '1' });
 }
 
 /** Redis unreachable or refusing: the cluster cannot place, which is not the request's fault. */
@@ -364,13 +370,13 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
     ...(options.imageStore ? { imageStore: options.imageStore } : {}),
     ...(cluster
       ? {
-          // The default sandbox takes one of this node's slots too.
-          admit: async () => {
+          // Every sandbox is counted; the default one takes a slot only if one is free.
+          admit: async (slotToken: string | undefined) => {
             const p = placement!;
-            if (!(await p.reserveSelf().catch(clusterUnavailable))) {
-              throw HttpError.detail(429, `node ${p.url} has no free slot (${p.slots} in use); DELETE /sandboxes/<id> one first`, { 'retry-after': '1' });
+            if (!(await p.claim(slotToken).catch(clusterUnavailable))) {
+              throw HttpError.detail(429, `node ${p.url} has no free slot (${p.slots} in use or reserved); DELETE /sandboxes/<id> one first`, { 'retry-after': '1' });
             }
-            return () => p.release(p.url, p.instance);
+            return () => p.uncount();
           },
           onAdded: (m: ManagedSandbox) => placement!.adopt(m.id).catch(clusterUnavailable),
           onRemoved: (m: ManagedSandbox) => placement!.forget(m.id).catch(() => {}),
@@ -432,7 +438,8 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
         ...(cluster.heartbeatTtlMs !== undefined ? { heartbeatTtlMs: cluster.heartbeatTtlMs } : {}),
         ...(cluster.goneMemoryMs !== undefined ? { goneMemoryMs: cluster.goneMemoryMs } : {}),
         ...(cluster.redisTimeoutMs !== undefined ? { redisTimeoutMs: cluster.redisTimeoutMs } : {}),
-        localCount: () => registry.size,
+        // Creations in flight hold their slot already.
+        localCount: () => registry.size + registry.pending,
         localIds: () => registry.list().map((m) => m.id),
         ...(cluster.warn ? { warn: cluster.warn } : {}),
       });
