@@ -5,7 +5,7 @@
  * logic only sees URLs, so separate network namespaces would add nothing.
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { chmodSync, existsSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
@@ -75,7 +75,7 @@ function startNode(name: string, slots: number): Promise<ServeProcess> {
 }
 
 interface ClusterView {
-  nodes: { url: string; slots: number; used: number; free: number }[];
+  nodes: { url: string; slots: number; used: number; reserved: number; free: number }[];
 }
 
 describe.skipIf(!REDIS)(`serve --queue: placement across nodes${REDIS ? '' : ' (skipped: no redis-server binary)'}`, () => {
@@ -98,6 +98,17 @@ describe.skipIf(!REDIS)(`serve --queue: placement across nodes${REDIS ? '' : ' (
     const stray = serveSync(['--slots', '2'], cleanEnv({ MINISANDBOX_AUTH_TOKEN: TOKEN }));
     expect(stray.status).toBe(2);
     expect(stray.stderr).toContain('--slots needs --queue');
+    // A password in the URL works, and leaves ps once the arguments are parsed.
+    const inUrl = await startServe(['--quiet', '--queue', `redis://:${PASSWORD}@127.0.0.1:${redisPort}/hide`, '--slots', '1'], cleanEnv({ MINISANDBOX_AUTH_TOKEN: TOKEN }));
+    try {
+      const cmdline = readFileSync(`/proc/${inUrl.pid}/cmdline`, 'utf8');
+      expect(cmdline).not.toContain(PASSWORD);
+      expect(cmdline).toContain(`redis://:***@127.0.0.1:${redisPort}/hide`);
+      expect(inUrl.stderr()).not.toContain(PASSWORD);
+      expect((await get(`${inUrl.url}/cluster`)).body.nodes).toHaveLength(1);
+    } finally {
+      await inUrl.stop();
+    }
   });
 
   it('100 concurrent POST /sandboxes to one node spread by free slots, never past a node\'s slots; closing frees them; a killed node is skipped and its sandboxes reported gone', async () => {
