@@ -253,3 +253,55 @@ asyncio.run(main(*sys.argv[1:]))
     expect(gone.stdout.replace(/\s+/g, ' ')).toContain(`'node': '${b.url}'`);
   }, 120_000);
 });
+
+const OPENSSL = ['/usr/bin/openssl', '/usr/local/bin/openssl'].find((p) => existsSync(p));
+
+describe.skipIf(!REDIS || !OPENSSL)(`serve --queue: Redis over TLS with a client certificate${REDIS && OPENSSL ? '' : ' (skipped: no redis-server or openssl binary)'}`, () => {
+  const tls = tempDir('msbx-placement-tls-');
+  let tlsRedis: ChildProcess | undefined;
+  afterAll(() => {
+    tlsRedis?.kill('SIGKILL');
+    tls.remove();
+  });
+
+  it('joins through rediss:// with --redis-ca, --redis-cert and --redis-key, and names the URL when the certificate is missing', async () => {
+    const ssl = (...args: string[]) => {
+      const r = spawnSync(OPENSSL!, args, { cwd: tls.path, encoding: 'utf8' });
+      if (r.status !== 0) throw new Error(`openssl ${args.join(' ')}: ${r.stderr}`);
+    };
+    writeFileSync(join(tls.path, 'ext'), 'subjectAltName=IP:127.0.0.1\n');
+    ssl('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', 'ca.key', '-out', 'ca.crt', '-days', '2', '-subj', '/CN=msbx-test-ca');
+    for (const who of ['server', 'client']) {
+      ssl('req', '-newkey', 'rsa:2048', '-nodes', '-keyout', `${who}.key`, '-out', `${who}.csr`, '-subj', '/CN=127.0.0.1');
+      ssl('x509', '-req', '-in', `${who}.csr`, '-CA', 'ca.crt', '-CAkey', 'ca.key', '-CAcreateserial', '-out', `${who}.crt`, '-days', '2', '-extfile', 'ext');
+    }
+    const port = await freePort();
+    const f = (name: string) => join(tls.path, name);
+    // TLS only (no plain port), client certificates required, and a password.
+    tlsRedis = spawn(REDIS!, ['--port', '0', '--tls-port', String(port), '--bind', '127.0.0.1', '--tls-cert-file', f('server.crt'), '--tls-key-file', f('server.key'), '--tls-ca-cert-file', f('ca.crt'), '--tls-auth-clients', 'yes', '--requirepass', PASSWORD, '--save', '', '--dir', tls.path], { stdio: 'ignore' });
+    const url = `rediss://127.0.0.1:${port}/tls`;
+    const env = cleanEnv({ MINISANDBOX_AUTH_TOKEN: TOKEN, MINISANDBOX_REDIS_PASSWORD: PASSWORD });
+    let node: ServeProcess | undefined;
+    for (let i = 0; !node; i++) {
+      try {
+        node = await startServe(['--quiet', '--queue', url, '--slots', '2', '--redis-ca', f('ca.crt'), '--redis-cert', f('client.crt'), '--redis-key', f('client.key')], env);
+      } catch (e) {
+        if (i > 20) throw e; // redis-server still starting
+        await new Promise((r) => setTimeout(r, 250));
+      }
+    }
+    try {
+      expect((await get(`${node.url}/cluster`)).body).toMatchObject({ redis: url, nodes: [{ url: node.url, slots: 2, used: 0 }] });
+      const created = await post(`${node.url}/sandboxes`, {});
+      expect(created.body.node).toBe(node.url);
+    } finally {
+      await node.stop();
+    }
+    const noCert = serveSync(['--queue', url, '--slots', '2', '--redis-ca', f('ca.crt')], env);
+    expect(noCert.status).toBe(1);
+    expect(noCert.stderr).toContain(url);
+    const certWithoutKey = serveSync(['--queue', url, '--redis-cert', f('client.crt')], env);
+    expect(certWithoutKey.status).toBe(2);
+    expect(certWithoutKey.stderr).toContain('--redis-cert and --redis-key go together');
+  }, 120_000);
+});
