@@ -48,6 +48,8 @@ export interface PlacementOptions {
   goneMemoryMs?: number;
   /** Most time a Redis call may take before the request it serves fails (default 5 s). */
   redisTimeoutMs?: number;
+  /** How long a reservation waits to be claimed before it lapses (default 2 min: a create takes seconds). */
+  reservationMs?: number;
   /** Sandboxes this node holds now (re-registration after a lost key starts from it). */
   localCount: () => number;
   /** The ids of this node's sandboxes, whose entries each heartbeat renews. */
@@ -164,8 +166,7 @@ return answer
 `;
 
 const DEFAULT_TTL_MS = 15_000;
-/** A reservation nobody claimed by then (its placer died mid-create) lapses: sandbox creation takes seconds. */
-const RESERVATION_MS = 120_000;
+const DEFAULT_RESERVATION_MS = 120_000;
 const DEFAULT_GONE_MEMORY_MS = 24 * 3600_000;
 
 /** A node's membership in a cluster: registration, heartbeat, slot reservations, the sandbox map. */
@@ -296,7 +297,7 @@ export class Placement {
   async place(exclude: readonly string[] = []): Promise<Placed> {
     const token = randomBytes(12).toString('hex');
     const r = (await this.#call('placing a sandbox', () =>
-      this.#redis.eval(PLACE, 1, `${this.#prefix}nodes`, this.#prefix, this.url, token, RESERVATION_MS, ...exclude),
+      this.#redis.eval(PLACE, 1, `${this.#prefix}nodes`, this.#prefix, this.url, token, this.#opts.reservationMs ?? DEFAULT_RESERVATION_MS, ...exclude),
     )) as [string | null, ...unknown[]];
     if (r[0]) return { node: r[0], token, free: Number(r[1]), self: r[0] === this.url };
     return { node: null, nodes: Number(r[1]), slots: Number(r[2]), used: Number(r[3]) };

@@ -10,6 +10,8 @@ import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ClusterError } from '../../lib/cluster/errors.js';
+import { Placement } from '../../lib/cluster/placement.js';
 import { tempDir } from '../helpers.js';
 import { TOKEN, call, cleanEnv, commandReq, createSessionReq, bashAction, post, get, serveSync, startServe, type ServeProcess } from '../server/helpers.js';
 
@@ -200,6 +202,53 @@ describe.skipIf(!REDIS)(`serve --queue: placement across nodes${REDIS ? '' : ' (
     expect(root.body.detail).toBe('sandbox limit reached: 20 sandboxes are in use; DELETE /sandboxes/<id> one first');
     for (const n of [a, b]) expect((await get(`${n.url}/sandboxes`)).body.sandboxes.length).toBe(slots[nodes.indexOf(n)]);
   }, 300_000);
+
+  it('reservations: an unclaimed one lapses (a placer that died leaks no slot), dropping twice frees one, a second server on one URL is refused, and a stalled Redis fails fast naming it', async () => {
+    const env = { queue: queue('units'), redis: { password: PASSWORD }, heartbeatTtlMs: 5000, reservationMs: 700, localCount: () => 0, localIds: () => [] };
+    const p1 = await Placement.start({ ...env, advertise: 'http://node-1.test:1', slots: 2, redisTimeoutMs: 400 });
+    const p2 = await Placement.start({ ...env, advertise: 'http://node-2.test:2', slots: 1 });
+    try {
+      const free = async () => Object.fromEntries((await p1.nodes()).map((n) => [n.url, [n.used, n.reserved, n.free]]));
+      // Most free first; on a tie the placing node itself (no hop).
+      const first = await p1.place();
+      expect(first).toMatchObject({ node: p1.url, self: true, free: 2 });
+      const second = await p2.place(); // 1 free each
+      expect(second).toMatchObject({ node: p2.url, self: true, free: 1 });
+      expect(await p2.place()).toMatchObject({ node: p1.url, self: false, free: 1 });
+      expect(await p1.place()).toMatchObject({ node: null, nodes: 2, slots: 3, used: 3 });
+      expect(await free()).toEqual({ [p1.url]: [0, 2, 0], [p2.url]: [0, 1, 0] });
+      // Claimed: counted as held, no longer reserved. Dropped twice: one slot back, not two.
+      expect(await p1.claim(first.node ? first.token : '')).toBe(true);
+      if (second.node) {
+        await p2.drop(second.node, second.token);
+        await p2.drop(second.node, second.token);
+      }
+      expect(await free()).toEqual({ [p1.url]: [1, 1, 0], [p2.url]: [0, 0, 1] });
+      // The reservation nobody claimed lapses by itself.
+      await new Promise((r) => setTimeout(r, 800));
+      expect(await free()).toEqual({ [p1.url]: [1, 0, 1], [p2.url]: [0, 0, 1] });
+      // Its own default sandbox takes a slot only if one is free.
+      expect(await p2.claim()).toBe(true);
+      expect(await p2.claim()).toBe(false);
+      await p2.uncount();
+      await p2.uncount();
+      expect(await free()).toEqual({ [p1.url]: [1, 0, 1], [p2.url]: [0, 0, 1] });
+      // Two live servers cannot advertise one URL.
+      await expect(Placement.start({ ...env, advertise: p2.url, slots: 1 })).rejects.toThrow(`node ${p2.url} is already registered by another live server`);
+      // Redis that does not answer (every client paused): a ClusterError naming it, at the timeout.
+      const admin = new Redis({ port: redisPort, host: '127.0.0.1', password: PASSWORD });
+      await admin.call('CLIENT', 'PAUSE', '1500', 'ALL');
+      const t0 = performance.now();
+      const stalled = await p1.place().catch((e: unknown) => e);
+      expect(stalled).toBeInstanceOf(ClusterError);
+      expect((stalled as Error).message).toContain(`Redis at redis://127.0.0.1:${redisPort}/units did not answer within 0.4s`);
+      expect(performance.now() - t0).toBeLessThan(1200);
+      admin.disconnect();
+    } finally {
+      await p1.stop();
+      await p2.stop();
+    }
+  }, 60_000);
 
   // The swerex package is not on this machine's package index. To run this test, put SWE-ReX's
   // source and its client's dependencies (aiohttp, pydantic, rich, requests) on python3's path:
