@@ -3,6 +3,7 @@
  * URL read into ioredis options, credentials from the URL, a file or the
  * environment, and a client whose connection errors are reported, not lost.
  */
+import { isIP } from 'node:net';
 import { closeSync, constants, fstatSync, openSync, readFileSync } from 'node:fs';
 import { Redis, type RedisOptions } from 'ioredis';
 import { ClusterError } from './errors.js';
@@ -132,7 +133,8 @@ export function parseQueueUrl(url: string, opts: RedisClientOptions = {}): Queue
   if (secure || opts.tls) {
     const t = typeof opts.tls === 'object' ? opts.tls : {};
     connection.tls = {
-      servername: connection.host,
+      // SNI names a host, never an address (RFC 6066; Node warns, DEP0123).
+      ...(isIP(connection.host ?? '') === 0 ? { servername: connection.host } : {}),
       ...(t.ca !== undefined ? { ca: t.ca } : {}),
       ...(t.cert !== undefined ? { cert: t.cert } : {}),
       ...(t.key !== undefined ? { key: t.key } : {}),

@@ -75,6 +75,17 @@ export interface RegistryOptions {
   createSandbox?: (opts: SandboxCreateOptions) => Promise<Sandbox>;
   /** The layer store whose images POST /sandboxes may name (default: the default store). */
   imageStore?: string;
+  /**
+   * Asked before every creation (a cluster counts the sandbox), with the
+   * token of the slot a placement reserved for it, or undefined (the
+   * default sandbox: a slot must be free). Returns how to give the slot
+   * back if the creation fails, or throws the HttpError to answer.
+   */
+  admit?: (slotToken: string | undefined) => Promise<() => Promise<void>>;
+  /** Told once a sandbox is registered (a cluster records where it lives), before its creator hears of it. */
+  onAdded?: (m: ManagedSandbox) => Promise<void>;
+  /** Told once a sandbox was deleted (a cluster frees its slot). */
+  onRemoved?: (m: ManagedSandbox) => Promise<void>;
 }
 
 type ImageStore = Awaited<ReturnType<typeof openImageStore>>;
@@ -96,6 +107,11 @@ export class SandboxRegistry {
     return this.#byId.size;
   }
 
+  /** Sandboxes being created now (they hold a slot already). */
+  get pending(): number {
+    return this.#pending;
+  }
+
   list(): ManagedSandbox[] {
     return [...this.#byId.values()];
   }
@@ -106,7 +122,8 @@ export class SandboxRegistry {
     return m;
   }
 
-  async create(request: SandboxCreateOptions & { image?: string } = {}, isDefault = false): Promise<ManagedSandbox> {
+  /** `slotToken`: the slot a cluster's placement reserved for this sandbox. */
+  async create(request: SandboxCreateOptions & { image?: string } = {}, isDefault = false, slotToken?: string): Promise<ManagedSandbox> {
     if (this.#closed) throw HttpError.detail(503, 'server is shutting down');
     const max = this.options.maxSandboxes;
     if (max !== undefined && this.#byId.size + this.#pending >= max) {
@@ -116,7 +133,9 @@ export class SandboxRegistry {
     }
     this.#pending++;
     let managed: ManagedSandbox;
+    let release: (() => Promise<void>) | undefined;
     try {
+      if (this.options.admit) release = await this.options.admit(slotToken);
       const defaults = this.options.sandboxDefaults ?? {};
       const { image, ...rest } = request;
       const opts: SandboxCreateOptions = {
@@ -126,6 +145,9 @@ export class SandboxRegistry {
         limits: { ...defaults.limits, ...rest.limits },
       };
       managed = image === undefined ? new ManagedSandbox(await this.#create(opts), isDefault) : await this.#createFromImage(image, opts, isDefault);
+    } catch (e) {
+      await release?.().catch(() => {});
+      throw e;
     } finally {
       this.#pending--;
     }
@@ -134,6 +156,15 @@ export class SandboxRegistry {
       throw HttpError.detail(503, 'server is shutting down');
     }
     this.#byId.set(managed.id, managed);
+    if (this.options.onAdded) {
+      try {
+        await this.options.onAdded(managed);
+      } catch (e) {
+        // Unrecorded, the sandbox could not be found from other nodes: undo it whole.
+        await this.delete(managed.id).catch(() => {});
+        throw e;
+      }
+    }
     return managed;
   }
 
@@ -169,7 +200,11 @@ export class SandboxRegistry {
     const m = this.get(id);
     this.#byId.delete(id);
     if (m.isDefault) this.#default = null;
-    await m.close();
+    try {
+      await m.close();
+    } finally {
+      await this.options.onRemoved?.(m);
+    }
   }
 
   async closeAll(): Promise<void> {

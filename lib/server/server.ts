@@ -13,6 +13,9 @@
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { availableParallelism } from 'node:os';
+import { ClusterError } from '../cluster/errors.js';
+import { Placement, type PlacementOptions } from '../cluster/placement.js';
 import { ImageError } from '../images/errors.js';
 import { ConfigError } from '../sandbox/errors.js';
 import type { SandboxCreateOptions } from '../sandbox/index.js';
@@ -71,6 +74,21 @@ export interface ServerOptions {
    * path, status, duration (`serve` writes them to stderr). Default: none.
    */
   log?: (line: string) => void;
+  /**
+   * Join a cluster of `serve` nodes placing sandboxes among each other
+   * through Redis (docs/cluster.md, "Interactive sandboxes"). Every node must share the
+   * same authToken: nodes forward creates to each other with it.
+   */
+  cluster?: ClusterOptions;
+}
+
+export interface ClusterOptions extends Pick<PlacementOptions, 'queue' | 'redis' | 'heartbeatTtlMs' | 'goneMemoryMs' | 'redisTimeoutMs'> {
+  /** This node's URL for clients and the other nodes (default: the URL it listens on; required when that is a wildcard address). */
+  advertise?: string;
+  /** Sandboxes this node takes (default: maxSandboxes, else the number of CPUs). */
+  slots?: number;
+  /** Told about heartbeat failures and recoveries (`serve` writes them to stderr). */
+  warn?: (message: string) => void;
 }
 
 export interface RunningServer {
@@ -78,6 +96,8 @@ export interface RunningServer {
   url: string;
   port: number;
   readonly registry: SandboxRegistry;
+  /** The node's membership of its cluster (`cluster` option), else undefined. */
+  readonly placement?: Placement;
   /** Stops accepting requests and closes every sandbox. */
   close(): Promise<void>;
 }
@@ -92,7 +112,18 @@ interface Context {
   maxUploadBytes: number;
   zipLimits: { maxEntries: number; maxUncompressedBytes: number };
   output: swerex.OutputLimit;
+  /** Set once the node joined its cluster. */
+  placement?: Placement;
+  /** Sent as X-API-Key when a create is forwarded to another node (every node shares it). */
+  authToken: string;
 }
+
+/** Marks a create another node placed here, its slot already reserved: it is not placed again. */
+const PLACED_HEADER = 'x-minisandbox-placed';
+/** A create forwarded to a node that has not answered by then is given up (a sandbox takes seconds at most). */
+const FORWARD_TIMEOUT_MS = 120_000;
+/** Nodes tried for one create before the client hears the failure. */
+const MAX_PLACEMENT_TRIES = 3;
 
 function methodNotAllowed(): HttpError {
   return HttpError.detail(405, 'Method Not Allowed');
@@ -179,23 +210,13 @@ async function handleManagement(rest: string[], trailingSlash: boolean, req: Inc
     if (method === 'GET') return jsonReply(200, { sandboxes: ctx.registry.list().map((m) => m.describe(ctx.baseUrl)) });
     if (method !== 'POST') throw methodNotAllowed();
     const raw = await readBody(req, ctx.maxBodyBytes);
+    // Validated here first: a malformed request never costs a slot or a hop.
     const request = parseCreateSandbox(raw.toString('utf8').trim() === '' ? undefined : parseJsonBody(raw));
-    let managed: ManagedSandbox;
-    try {
-      managed = await ctx.registry.create(request);
-    } catch (e) {
-      if (e instanceof ConfigError) {
-        throw validationError([{ type: 'value_error', loc: ['body', ...(e.option ?? '').split('.').filter(Boolean)], msg: e.message, input: null }]);
-      }
-      // An image the store does not have, or cannot run: the request's image is at fault.
-      if (e instanceof ImageError && request.image !== undefined) {
-        throw validationError([{ type: 'value_error', loc: ['body', 'image'], msg: e.message, input: request.image }]);
-      }
-      throw e;
-    }
-    return jsonReply(200, { id: managed.id, url: `${ctx.baseUrl}/sandboxes/${managed.id}` });
+    const token = req.headers[PLACED_HEADER];
+    if (ctx.placement && typeof token !== 'string') return placeSandbox(ctx.placement, raw, request, req, ctx);
+    return createHere(request, ctx, typeof token === 'string' ? token : undefined);
   }
-  const managed = ctx.registry.get(decodeURIComponent(rest[0]!));
+  const managed = await lookup(decodeURIComponent(rest[0]!), req, ctx);
   // `<base>/` is the SWE-ReX root (hello world); `<base>` without the slash inspects.
   if (rest.length === 1 && trailingSlash) return handleSwerex('', req, ctx, async () => managed, managed);
   if (rest.length === 1) {
@@ -208,9 +229,119 @@ async function handleManagement(rest: string[], trailingSlash: boolean, req: Inc
   return handleSwerex(rest[1]!, req, ctx, async () => managed, managed);
 }
 
+/** Creates a sandbox on this node; `slotToken`: the slot a placement reserved for it. */
+async function createHere(request: ReturnType<typeof parseCreateSandbox>, ctx: Context, slotToken: string | undefined): Promise<JsonReply> {
+  let managed: ManagedSandbox;
+  try {
+    managed = await ctx.registry.create(request, false, slotToken);
+  } catch (e) {
+    if (e instanceof ConfigError) {
+      throw validationError([{ type: 'value_error', loc: ['body', ...(e.option ?? '').split('.').filter(Boolean)], msg: e.message, input: null }]);
+    }
+    // An image the store does not have, or cannot run: the request's image is at fault.
+    if (e instanceof ImageError && request.image !== undefined) {
+      throw validationError([{ type: 'value_error', loc: ['body', 'image'], msg: e.message, input: request.image }]);
+    }
+    throw e;
+  }
+  return jsonReply(200, { id: managed.id, url: `${ctx.baseUrl}/sandboxes/${managed.id}`, ...(ctx.placement ? { node: ctx.baseUrl } : {}) });
+}
+
+/**
+ * POST /sandboxes in a cluster: a slot is reserved on the node with the
+ * most free slots; this node creates the sandbox itself when it is that
+ * node, and otherwise forwards the create there (with the cluster's token)
+ * and answers with that node's reply: `url` is the sandbox's base URL on
+ * the node that runs it, which the client then uses directly. A node that
+ * does not answer (died within its heartbeat TTL) gets its slot back and
+ * the next best node is tried.
+ */
+async function placeSandbox(placement: Placement, raw: Buffer, request: ReturnType<typeof parseCreateSandbox>, req: IncomingMessage, ctx: Context): Promise<JsonReply> {
+  const failed: string[] = [];
+  const unreachable: string[] = [];
+  for (let attempt = 0; attempt < MAX_PLACEMENT_TRIES; attempt++) {
+    const placed = await placement.place(failed).catch(clusterUnavailable);
+    if (placed.node === null) {
+      const why = unreachable.length ? `; tried and failed: ${unreachable.join('; ')}` : '';
+      throw HttpError.detail(429, `no free slot in cluster ${placement.target.queueName}: its ${placed.nodes} live nodes use ${placed.used} of ${placed.slots} slots${why}`, { 'retry-after': '1' });
+    }
+    if (placed.self) {
+      try {
+        return await createHere(request, ctx, placed.token);
+      } finally {
+        // Claimed by now, unless the creation failed first: then this frees the slot.
+        await placement.drop(placed.node, placed.token).catch(() => {});
+      }
+    }
+    const headers: Record<string, string> = { 'content-type': 'application/json', [PLACED_HEADER]: placed.token };
+    if (ctx.authToken) headers['x-api-key'] = ctx.authToken;
+    const requestId = req.headers['x-request-id'];
+    if (typeof requestId === 'string') headers['x-request-id'] = requestId;
+    let res: Response;
+    try {
+      res = await fetch(`${placed.node}/sandboxes`, { method: 'POST', headers, body: new Uint8Array(raw), signal: AbortSignal.timeout(FORWARD_TIMEOUT_MS), redirect: 'manual' });
+    } catch (e) {
+      await placement.drop(placed.node, placed.token).catch(() => {});
+      failed.push(placed.node);
+      const err = e as Error & { cause?: { code?: string } };
+      unreachable.push(`${placed.node} (${err.cause?.code ?? err.message})`);
+      continue;
+    }
+    const body = await res.text();
+    if (!res.ok) await placement.drop(placed.node, placed.token).catch(() => {});
+    if (res.status === 429 || res.status === 503) {
+      // Full or shutting down after all (its count in Redis lagged): the next node may not be.
+      failed.push(placed.node);
+      unreachable.push(`${placed.node} (${res.status})`);
+      continue;
+    }
+    const headersOut: Record<string, string> = {};
+    const retryAfter = res.headers.get('retry-after');
+    if (retryAfter) headersOut['retry-after'] = retryAfter;
+    return { status: res.status, body, headers: headersOut };
+  }
+  throw HttpError.detail(503, `no node of cluster ${placement.target.queueName} could take the sandbox: ${unreachable.join('; ')}`, { 'retry-after': '1' });
+}
+
+/** Redis unreachable or refusing: the cluster cannot place, which is not the request's fault. */
+function clusterUnavailable(e: unknown): never {
+  if (e instanceof ClusterError) throw HttpError.detail(503, e.message, { 'retry-after': '1' });
+  throw e;
+}
+
+/**
+ * The sandbox `id` of this node. In a cluster, an id this node does not
+ * hold is looked up: a sandbox of another live node is a 307 to it (the
+ * request is the same there), one whose node stopped or died is a 410 that
+ * names the node, at once, so that a client never waits on a dead address.
+ */
+async function lookup(id: string, req: IncomingMessage, ctx: Context): Promise<ManagedSandbox> {
+  try {
+    return ctx.registry.get(id);
+  } catch (e) {
+    if (!ctx.placement || !(e instanceof HttpError) || e.status !== 404) throw e;
+    const where = await ctx.placement.locate(id).catch(clusterUnavailable);
+    if (!where || (where.node === ctx.placement.url && where.alive)) throw e;
+    if (where.alive) {
+      const location = `${where.node}${req.url ?? ''}`;
+      throw new HttpError(307, { detail: `sandbox ${id} lives on node ${where.node}`, node: where.node }, { location });
+    }
+    throw new HttpError(410, {
+      detail: `sandbox ${id} was on node ${where.node}, which is gone (stopped, or no heartbeat for ${ctx.placement.ttlMs / 1000}s): the sandbox and its files are lost`,
+      node: where.node,
+      sandbox: id,
+    });
+  }
+}
+
 async function route(req: IncomingMessage, ctx: Context): Promise<JsonReply> {
   const path = new URL(req.url ?? '/', 'http://x').pathname;
   const parts = path.split('/').filter((p) => p !== '');
+  if (parts.length === 1 && parts[0] === 'cluster' && ctx.placement) {
+    if ((req.method ?? 'GET') !== 'GET') throw methodNotAllowed();
+    const p = ctx.placement;
+    return jsonReply(200, { cluster: p.target.queueName, redis: p.target.display, self: p.url, heartbeat_ttl: p.ttlMs / 1000, nodes: await p.nodes().catch(clusterUnavailable) });
+  }
   if (parts[0] === 'sandboxes') return handleManagement(parts.slice(1), path.endsWith('/'), req, ctx);
   const endpoint = parts.join('/');
   if (!SWEREX_ROUTES.has(endpoint)) throw notFound();
@@ -228,7 +359,30 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
     throw new ConfigError(`maxOutputBytes: expected an integer >= ${MIN_OUTPUT_BYTES}, got ${String(options.maxOutputBytes)}`, 'maxOutputBytes');
   }
   const host = options.host ?? '127.0.0.1';
-  const registry = new SandboxRegistry({ maxSandboxes: options.maxSandboxes, sandboxDefaults: options.sandboxDefaults, ...(options.imageStore ? { imageStore: options.imageStore } : {}) });
+  const cluster = options.cluster;
+  // A node never holds more than its slots, whatever Redis says.
+  const slots = cluster ? (cluster.slots ?? options.maxSandboxes ?? availableParallelism()) : undefined;
+  const maxSandboxes = slots !== undefined ? Math.min(slots, options.maxSandboxes ?? slots) : options.maxSandboxes;
+  let placement: Placement | undefined;
+  const registry = new SandboxRegistry({
+    maxSandboxes,
+    sandboxDefaults: options.sandboxDefaults,
+    ...(options.imageStore ? { imageStore: options.imageStore } : {}),
+    ...(cluster
+      ? {
+          // Every sandbox is counted; the default one takes a slot only if one is free.
+          admit: async (slotToken: string | undefined) => {
+            const p = placement!;
+            if (!(await p.claim(slotToken).catch(clusterUnavailable))) {
+              throw HttpError.detail(429, `node ${p.url} has no free slot (${p.slots} in use or reserved); DELETE /sandboxes/<id> one first`, { 'retry-after': '1' });
+            }
+            return () => p.uncount();
+          },
+          onAdded: (m: ManagedSandbox) => placement!.adopt(m.id).catch(clusterUnavailable),
+          onRemoved: (m: ManagedSandbox) => placement!.forget(m.id).catch(() => {}),
+        }
+      : {}),
+  });
   const auth = new ApiKeyCheck(options.authToken);
   const replay = new ReplayCache(options.replayCacheEntries ?? 1024);
   const ctx: Context = {
@@ -238,6 +392,7 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
     maxUploadBytes: options.maxUploadBytes ?? 512 * 1024 * 1024,
     zipLimits: { maxEntries: 100_000, maxUncompressedBytes: options.maxUnzippedBytes ?? 2 * 1024 ** 3 },
     output: { maxOutputBytes },
+    authToken: options.authToken,
   };
 
   const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
@@ -273,14 +428,40 @@ export async function startServer(options: ServerOptions): Promise<RunningServer
   const port = (server.address() as AddressInfo).port;
   const url = `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
   ctx.baseUrl = url;
+  if (cluster) {
+    try {
+      placement = await Placement.start({
+        queue: cluster.queue,
+        ...(cluster.redis ? { redis: cluster.redis } : {}),
+        advertise: cluster.advertise ?? url,
+        slots: slots!,
+        ...(cluster.heartbeatTtlMs !== undefined ? { heartbeatTtlMs: cluster.heartbeatTtlMs } : {}),
+        ...(cluster.goneMemoryMs !== undefined ? { goneMemoryMs: cluster.goneMemoryMs } : {}),
+        ...(cluster.redisTimeoutMs !== undefined ? { redisTimeoutMs: cluster.redisTimeoutMs } : {}),
+        // Creations in flight hold their slot already.
+        localCount: () => registry.size + registry.pending,
+        localIds: () => registry.list().map((m) => m.id),
+        ...(cluster.warn ? { warn: cluster.warn } : {}),
+      });
+    } catch (e) {
+      server.close();
+      throw e;
+    }
+    ctx.placement = placement;
+    // Sandbox URLs are the ones clients and other nodes reach.
+    ctx.baseUrl = placement.url;
+  }
   let closing: Promise<void> | null = null;
   return {
-    url,
+    url: ctx.baseUrl,
     port,
     registry,
+    ...(placement ? { placement } : {}),
     close: () =>
       (closing ??= (async () => {
         const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
+        // Out of placement first: no create is sent here while the sandboxes close.
+        await placement?.stop();
         await registry.closeAll();
         server.closeAllConnections();
         await stopped;

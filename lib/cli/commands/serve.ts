@@ -9,7 +9,7 @@ import { parseSize } from '../../sandbox/limits.js';
 import { authTokenProblem } from '../../server/http.js';
 import { startServer, type ServerOptions } from '../../server/index.js';
 import { MIN_OUTPUT_BYTES } from '../../shell/index.js';
-import { CommandError, UsageError, cores, fsReason, oneOf, port, positiveInt, type Args, type Command, type ValueCheck } from '../args.js';
+import { CommandError, UsageError, cores, fsReason, oneOf, port, positiveInt, readableFile, seconds, type Args, type Command, type ValueCheck } from '../args.js';
 import { STORE_OPTION } from '../options.js';
 
 export const AUTH_TOKEN_ENV = 'MINISANDBOX_AUTH_TOKEN';
@@ -102,6 +102,7 @@ function resolveToken(flag: string | undefined, file: string | undefined, fromEn
 
 const AUTH = `Auth token (exactly one of these, or ${AUTH_TOKEN_ENV})`;
 const SANDBOXES = 'Every sandbox';
+const CLUSTER = 'Cluster (placement across serve nodes, docs/cluster.md, "Interactive sandboxes")';
 
 const spec: Command['spec'] = {
   name: 'serve',
@@ -149,6 +150,33 @@ were cut`,
     '--network': { values: ['none|host'], check: oneOf('none', 'host'), section: SANDBOXES, help: 'Network of every sandbox (default none)' },
     '--store': { ...STORE_OPTION, section: SANDBOXES, help: 'The layer store whose images POST /sandboxes {"image": ...} may name' },
     '--quiet': { section: SANDBOXES, help: 'No log line per request (time, method, path, status, duration) on stderr' },
+    '--queue': {
+      values: ['URL'],
+      section: CLUSTER,
+      help: `redis://[USER@]HOST:PORT/NAME (rediss:// for TLS): join the cluster NAME.
+The node registers its URL and free slots there, and POST /sandboxes on
+any node creates the sandbox on the node with the most free slots. Every
+node must have the same auth token`,
+    },
+    '--advertise': { values: ['URL'], section: CLUSTER, help: 'This node\'s URL for clients and other nodes (default: http://HOST:PORT it listens on)' },
+    '--slots': { values: ['N'], check: positiveInt, section: CLUSTER, help: 'Sandboxes this node takes (default: --max-sandboxes, else the number of CPUs)' },
+    '--heartbeat-ttl': {
+      values: ['SECONDS'],
+      check: seconds,
+      section: CLUSTER,
+      help: 'A node that has not sent a heartbeat for this long leaves placement, and its sandboxes are reported gone (default 15)',
+    },
+    '--redis-password-file': {
+      values: ['FILE'],
+      section: CLUSTER,
+      help: `Redis's password (or the ACL user's), also from the URL or
+MINISANDBOX_REDIS_PASSWORD; a file you own must be chmod 600`,
+    },
+    '--redis-user': { values: ['USER'], section: CLUSTER, help: 'Redis ACL user (also USER@ in the URL)' },
+    '--redis-tls': { section: CLUSTER, help: 'TLS to Redis with a redis:// URL (rediss:// implies it)' },
+    '--redis-ca': { values: ['FILE'], check: readableFile, section: CLUSTER, help: 'PEM CA certificate(s) that Redis\'s certificate must chain to (implies TLS)' },
+    '--redis-cert': { values: ['FILE'], check: readableFile, section: CLUSTER, help: 'PEM client certificate, for a Redis that asks for one (with --redis-key)' },
+    '--redis-key': { values: ['FILE'], check: readableFile, section: CLUSTER, help: 'PEM private key of --redis-cert' },
   },
   exitCodes: `Exit code: 0 after SIGINT or SIGTERM (every sandbox closed); 1 when the
 server cannot start (the port is taken...); 2 on usage errors.`,
@@ -182,6 +210,47 @@ function serverOptions(args: Args, fromEnv: string | undefined): { options: Serv
       ...(args.has('--quiet') ? {} : { log: (line: string) => process.stderr.write(`${line}\n`) }),
       sandboxDefaults: { ...(Object.keys(limits).length ? { limits } : {}), ...(network ? { network } : {}) },
       imageStore: args.get('--store')!,
+      ...clusterOptions(args),
+    },
+  };
+}
+
+const CLUSTER_ONLY = ['--advertise', '--slots', '--heartbeat-ttl', '--redis-password-file', '--redis-user', '--redis-tls', '--redis-ca', '--redis-cert', '--redis-key'];
+
+/** The cluster options, or none without --queue (whose companions then mean nothing: refused, not ignored). */
+function clusterOptions(args: Args): Pick<ServerOptions, 'cluster'> {
+  const queue = args.get('--queue');
+  if (queue === undefined) {
+    const stray = CLUSTER_ONLY.filter((f) => args.has(f));
+    if (stray.length) throw new UsageError(`${stray.join(', ')} ${stray.length === 1 ? 'needs' : 'need'} --queue redis://HOST:PORT/NAME`);
+    return {};
+  }
+  if (args.has('--redis-cert') !== args.has('--redis-key')) throw new UsageError('--redis-cert and --redis-key go together');
+  const pem = (flag: string) => {
+    const file = args.get(flag);
+    if (file === undefined) return {};
+    try {
+      return { [flag.slice('--redis-'.length)]: readFileSync(file, 'utf8') };
+    } catch (e) {
+      throw new UsageError(`${flag} ${file}: ${fsReason(e)}`);
+    }
+  };
+  const tlsFiles = { ...pem('--redis-ca'), ...pem('--redis-cert'), ...pem('--redis-key') };
+  const tls = Object.keys(tlsFiles).length ? tlsFiles : args.has('--redis-tls') ? true : undefined;
+  const password = args.get('--redis-password-file');
+  const user = args.get('--redis-user');
+  const redis = { ...(password !== undefined ? { passwordFile: password } : {}), ...(user !== undefined ? { username: user } : {}), ...(tls ? { tls } : {}) };
+  const ttl = args.get<number>('--heartbeat-ttl');
+  const advertise = args.get('--advertise');
+  const slots = args.get<number>('--slots');
+  return {
+    cluster: {
+      queue,
+      redis,
+      ...(advertise !== undefined ? { advertise } : {}),
+      ...(slots !== undefined ? { slots } : {}),
+      ...(ttl !== undefined ? { heartbeatTtlMs: Math.round(ttl * 1000) } : {}),
+      warn: (message: string) => process.stderr.write(`minisandbox serve: ${message}\n`),
     },
   };
 }
@@ -202,14 +271,18 @@ function listenError(e: unknown, args: Args): unknown {
 /**
  * /proc/<pid>/cmdline is readable by every local user. Node can rewrite it
  * (process.title overwrites the original argv), which hides an --auth-token
- * value from ps from now on; it was visible until here.
+ * value and a password in a --queue URL from ps from now on; they were
+ * visible until here.
  */
-function hideTokenFromPs(args: readonly string[]): void {
+function hideSecretsFromPs(args: readonly string[]): void {
+  const queuePassword = (a: string) => a.replace(/^(rediss?:\/\/[^:@/]*):[^@/]*@/, '$1:***@');
   const shown = args.map((a, i) => {
     if (a.startsWith('--auth-token=')) return '--auth-token=***';
+    if (a.startsWith('--queue=')) return `--queue=${queuePassword(a.slice('--queue='.length))}`;
+    if (i > 0 && args[i - 1] === '--queue') return queuePassword(a);
     return i > 0 && args[i - 1] === '--auth-token' && a !== '' ? '***' : a;
   });
-  process.title = [process.argv0, ...process.execArgv, process.argv[1] ?? '', 'serve', ...shown].join(' ');
+  if (shown.some((a, i) => a !== args[i])) process.title = [process.argv0, ...process.execArgv, process.argv[1] ?? '', 'serve', ...shown].join(' ');
 }
 
 const serveCommand: Command = {
@@ -219,7 +292,7 @@ const serveCommand: Command = {
     const fromEnv = process.env[AUTH_TOKEN_ENV];
     delete process.env[AUTH_TOKEN_ENV];
     const { options, tokenSource } = serverOptions(args, fromEnv);
-    if (tokenSource === '--auth-token' && options.authToken !== '') hideTokenFromPs(args.argv);
+    hideSecretsFromPs(args.argv);
     const server = await startServer(options).catch((e: unknown) => {
       throw listenError(e, args);
     });
@@ -230,6 +303,10 @@ const serveCommand: Command = {
       );
     }
     process.stderr.write(`minisandbox serve: listening on ${server.url}\n`);
+    if (server.placement) {
+      const p = server.placement;
+      process.stderr.write(`minisandbox serve: node ${p.url} joined cluster ${p.target.queueName} at ${p.target.display} with ${p.slots} slots\n`);
+    }
     await new Promise<void>((resolve) => {
       const stop = () => {
         process.off('SIGINT', stop);
