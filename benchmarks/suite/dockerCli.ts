@@ -12,8 +12,13 @@ export interface DockerCli {
   serverVersion: string;
 }
 
-/** Every container the suite makes carries this label and a name starting with it. */
-export const SUITE_LABEL = 'msbx-suite';
+/** Every container the suite makes has a name starting with this, and SUITE_LABEL. */
+export const SUITE_NAME = 'msbx-suite';
+/**
+ * The runner's own label (msbx-suite=runner): the workload builder's images
+ * and build containers carry other names, and cleanup must not touch them.
+ */
+export const SUITE_LABEL = 'msbx-suite=runner';
 
 export interface DockerRun {
   stdout: string;

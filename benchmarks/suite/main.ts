@@ -21,11 +21,12 @@ import { parseArgs } from 'node:util';
 import { formatMs } from '../../lib/format.js';
 import { importImage } from '../../lib/images/index.js';
 import { IoBudget, openStore, type LayerStore } from '../../lib/layers/index.js';
-import { ensureStoreImage } from '../../lib/swe/pipeline/imageSandbox.js';
+import { packageRoot } from '../../lib/native/packageRoot.js';
 import { prepareTasks } from '../../lib/swe/pipeline/prepare.js';
 import type { Task } from '../../lib/swe/tasks.js';
+import { TESTBED } from '../../lib/swe/pipeline/types.js';
 import { buildDemoWorkload, defaultCacheDir, imageTag } from './demoWorkload.js';
-import { docker, findDocker, imageSize, removeSuiteContainers, type DockerCli } from './dockerCli.js';
+import { docker, findDocker, imageSize, removeSuiteContainers, SUITE_NAME, type DockerCli } from './dockerCli.js';
 import { dockerMethod, extractMethod, imageMethod, layerArchive, layersMethod, liveInstances, METHODS, taskLayers, type Instance, type Method, type MethodName, type TaskLayers } from './methods.js';
 import { barsText, writeResults } from './report.js';
 import { judgeBars, spread, type DiskFigures, type LatencySamples, type Machine, type RolloutSample, type ScalingSample, type SetupSample, type SuiteResults } from './results.js';
@@ -103,7 +104,7 @@ export function parseOptions(argv: string[]): SuiteOptions {
 // ------------------------------------------------------------------ helpers
 
 function machine(dockerVersion: string | undefined): Machine {
-  const pkg = JSON.parse(readFileSync(new URL('../../../package.json', import.meta.url), 'utf8')) as { version: string };
+  const pkg = JSON.parse(readFileSync(path.join(packageRoot(), 'package.json'), 'utf8')) as { version: string };
   return {
     cpus: os.availableParallelism(),
     cpuModel: os.cpus()[0]?.model ?? 'unknown',
@@ -163,11 +164,11 @@ export function rolloutSteps(file: string): string[] {
     "find . -name '*.py' -not -path './.git/*' | head -50",
     `cat ${q}`,
     "grep -rn 'def ' --include='*.py' . | head -40",
-    `grep -rn 'import' ${q}`,
+    `grep -n -e 'def ' -e 'import' ${q}`,
     `head -60 ${q}`,
     `wc -l ${q}`,
     'python -c "import sys; print(sys.version)"',
-    `python -c "import ast; ast.parse(open(${JSON.stringify(file)}).read()); print('parsed')"`,
+    `python -c 'import ast, sys; ast.parse(open(sys.argv[1]).read()); print("parsed")' ${q}`,
     `sed -i '1s/^/# edited by the suite\\n/' ${q}`,
     'git diff --stat',
     'git diff',
@@ -240,56 +241,58 @@ async function measureWarm(c: Context, out: SetupSample[]): Promise<void> {
   }
 }
 
-async function measureCold(c: Context, out: SetupSample[], skipped: Record<string, string>): Promise<void> {
+/**
+ * Cold: an instance whose task-specific part does not exist yet, its
+ * environment (Docker's env image, MiniSandbox's venv layer) already
+ * built and shared, as when a new task of a known environment arrives.
+ * - docker: the instance image built as SWE-bench builds it (FROM the env
+ *   image, the repository cloned and checked out at base_commit in
+ *   /testbed), under a name of the suite's own (the workload's images are
+ *   left alone), then `docker run` and the first command;
+ * - layers: the repository layer built into an empty store (buildRepo:
+ *   clone, checkout, add), then a sandbox of it on the env and the first
+ *   command;
+ * - extract, image: no cold step of their own (every extract start unpacks;
+ *   an image sandbox of an imported image builds nothing), said in `skipped`.
+ */
+async function measureCold(c: Context, out: SetupSample[], skipped: Record<string, string>, layers: Map<string, TaskLayers>): Promise<void> {
   const tasks = c.tasks.slice(0, c.o.coldTasks);
-  const savedDir = path.join(c.o.cacheDir, 'suite-saved');
-  mkdirSync(savedDir, { recursive: true });
-  const saved = async (task: Task) => {
-    const file = path.join(savedDir, `${imageTag(task.instance_id)}.tar`);
-    if (!duBytes([file])) await docker(c.d!, ['save', '-o', file, c.workload.docker!.instances[task.instance_id]!], { timeoutMs: 1_800_000 });
-    return file;
-  };
-  if (c.methods.has('extract')) skipped['extract cold'] = 'every extract start unpacks the archives: its warm figure is its cold one';
+  if (c.methods.has('extract')) skipped['extract cold'] = 'every extract start unpacks its archives: its warm figure is its cold one';
+  if (c.methods.has('image')) skipped['image cold'] = 'a sandbox of an imported image builds nothing per instance: its warm figure is its cold one';
+  const { buildRepo } = await import('../../lib/env/index.js');
   const repeats = c.o.quick ? 1 : Math.min(3, c.o.repeat);
   for (let round = 0; round < repeats; round++) {
     for (const task of tasks) {
-      for (const name of abba(['docker', 'layers', 'image'] as MethodName[], round)) {
+      const source = task.repo_path ?? task.repo_url ?? path.join(c.workload.reposDir, task.repo.split('/').pop()!);
+      for (const name of abba(['docker', 'layers'] as MethodName[], round)) {
         c.signal.throwIfAborted();
         if (!c.methods.has(name)) continue;
-        if (name === 'layers') {
-          const root = mkdtempSync(path.join(c.tmp, 'cold-store-'));
-          const t = performance.now();
-          const store = await openStore({ root });
-          const prep = await prepareTasks([task], { store, signal: c.signal });
-          if (prep.failures.length) throw new Error(`cold layers: ${prep.failures[0]!.message}`);
-          const layers = new Map([[task.instance_id, await taskLayers(store, prep.prepared.get(task.instance_id)!)]]);
-          const inst = await layersMethod(layers, path.join(c.tmp, 'state-cold')).start(task.instance_id);
-          out.push({ method: 'layers', kind: 'cold', task: task.instance_id, ms: performance.now() - t });
-          await closeQuietly(inst);
-          rmSync(root, { recursive: true, force: true });
-        } else if (name === 'docker') {
-          const file = await saved(task);
-          const image = c.workload.docker!.instances[task.instance_id]!;
-          await docker(c.d!, ['rmi', image], { timeoutMs: 300_000 });
-          const t = performance.now();
-          await docker(c.d!, ['load', '-q', '-i', file], { timeoutMs: 1_800_000 });
-          const inst = await c.methods.get('docker')!.start(task.instance_id);
-          out.push({ method: 'docker', kind: 'cold', task: task.instance_id, ms: performance.now() - t });
-          await closeQuietly(inst);
-        } else if (name === 'image') {
-          if (c.o.quick) {
-            skipped['image cold'] = 'not in --quick (imports the whole image, base included, into an empty store)';
-            continue;
+        const scratch = mkdtempSync(path.join(c.tmp, `cold-${name}-`));
+        try {
+          if (name === 'layers') {
+            const t = performance.now();
+            const store = await openStore({ root: scratch });
+            const repo = await buildRepo(source, task.base_commit, { store, keepArchive: false, signal: c.signal });
+            const inst = await layersMethod(new Map([[task.instance_id, { env: layers.get(task.instance_id)!.env, repo: repo.layer }]]), path.join(c.tmp, 'state-cold')).start(task.instance_id);
+            out.push({ method: 'layers', kind: 'cold', task: task.instance_id, ms: performance.now() - t });
+            await closeQuietly(inst);
+          } else {
+            const env = c.workload.envs.find((e) => e.tasks.includes(task.instance_id));
+            const envImage = env && c.workload.docker!.envs[env.key];
+            if (!envImage) throw new Error(`cold docker: no env image for ${task.instance_id}`);
+            const tag = `${SUITE_NAME}-cold/${imageTag(task.instance_id)}:${process.pid}`;
+            const t = performance.now();
+            const repoDir = path.join(scratch, 'testbed');
+            execFileSync('git', ['clone', '-q', source, repoDir], { stdio: 'ignore' });
+            execFileSync('git', ['-C', repoDir, 'checkout', '-q', task.base_commit], { stdio: 'ignore' });
+            await docker(c.d!, ['build', '-q', '--no-cache', '-t', tag, '-f', '-', repoDir], { input: `FROM ${envImage}\nCOPY . ${TESTBED}\nWORKDIR ${TESTBED}\n`, timeoutMs: 600_000 });
+            const inst = await dockerMethod(c.d!, { [task.instance_id]: tag }).start(task.instance_id);
+            out.push({ method: 'docker', kind: 'cold', task: task.instance_id, ms: performance.now() - t });
+            await closeQuietly(inst);
+            await docker(c.d!, ['rmi', '-f', tag], { allowFail: true, timeoutMs: 120_000 });
           }
-          const file = await saved(task);
-          const root = mkdtempSync(path.join(c.tmp, 'cold-image-store-'));
-          const t = performance.now();
-          const store = await openStore({ root });
-          const [rec] = await importImage(store, file, { signal: c.signal });
-          const inst = await imageMethod(store, new Map([[task.instance_id, rec!.id]]), path.join(c.tmp, 'state-cold')).start(task.instance_id);
-          out.push({ method: 'image', kind: 'cold', task: task.instance_id, ms: performance.now() - t });
-          await closeQuietly(inst);
-          rmSync(root, { recursive: true, force: true });
+        } finally {
+          rmSync(scratch, { recursive: true, force: true });
         }
         log(`cold setup: ${name} ${task.instance_id}: ${formatMs(out[out.length - 1]!.ms)}`);
       }
@@ -346,7 +349,10 @@ async function measureRollout(c: Context, out: RolloutSample[]): Promise<void> {
             s.steps++;
             s.stepsWallMs += wall;
             s.stepsInnerMs += inner?.innerMs ?? wall;
-            if (!inner || inner.exitCode !== 0) s.failedSteps++;
+            if (!inner || inner.exitCode !== 0) {
+              s.failedSteps++;
+              if ((s.failed ??= []).length < 5) s.failed.push(`${step} (exit ${inner?.exitCode ?? r.exitCode})`);
+            }
           }
           const t = performance.now();
           const r = await inst.step(timed(task.test_cmd));
@@ -452,6 +458,37 @@ async function measureDisk(c: Context, archivesDir: string): Promise<DiskFigures
   return disk;
 }
 
+/**
+ * The instance images in a MiniSandbox store, by task: the ones it lacks
+ * exported from Docker in one `docker save` (their shared base and env
+ * layers once, not once per image) and imported.
+ */
+async function importInstanceImages(store: LayerStore, d: DockerCli, workload: Workload, signal: AbortSignal): Promise<Map<string, string>> {
+  const { findImage } = await import('../../lib/images/index.js');
+  const refs = workload.docker!.instances;
+  const missing: string[] = [];
+  for (const ref of Object.values(refs)) if (!(await findImage(store, ref))) missing.push(ref);
+  if (missing.length) {
+    const dir = mkdtempSync(path.join(store.root, 'staging', 'suite-save-'));
+    scratchDirs.add(dir);
+    try {
+      log(`docker save of ${missing.length} instance images, then import`);
+      await docker(d, ['save', '-o', path.join(dir, 'images.tar'), ...missing], { timeoutMs: 3_600_000 });
+      await importImage(store, path.join(dir, 'images.tar'), { signal });
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+      scratchDirs.delete(dir);
+    }
+  }
+  const ids = new Map<string, string>();
+  for (const [id, ref] of Object.entries(refs)) {
+    const rec = await findImage(store, ref);
+    if (!rec) throw new Error(`image: ${ref} not in ${store.root} after its import`);
+    ids.set(id, rec.id);
+  }
+  return ids;
+}
+
 // --------------------------------------------------------------- main
 
 export async function runSuite(o: SuiteOptions, signal: AbortSignal): Promise<SuiteResults> {
@@ -482,15 +519,17 @@ export async function runSuite(o: SuiteOptions, signal: AbortSignal): Promise<Su
   log(`workload: ${workload.tasks.length} tasks (${tasks.length} used for setup, rollout and latency), ${workload.envs.length} environments; methods ${methodsRun.join(', ')}`);
 
   const tmp = mkdtempSync(path.join(os.tmpdir(), 'msbx-suite-'));
+  scratchDirs.add(tmp);
   const c: Context = { o, workload, tasks, methods: new Map(), store: await openStore({ root: path.join(o.cacheDir, `suite-store-${workload.size}-${o.workload}`) }), tmp, signal, ...(d ? { d } : {}) };
   const archivesDir = path.join(c.store.root, '..', `suite-archives-${o.workload}`);
+  const layerMap = new Map<string, TaskLayers>();
   try {
     // What the MiniSandbox methods need, built once and cached.
     if (methodsRun.some((m) => m === 'layers' || m === 'extract')) {
       log('preparing the MiniSandbox side (venv and repository layers; cached after the first run)');
       const prep = await prepareTasks(workload.tasks, { store: c.store, concurrency: 2, signal, onProgress: (e) => e.status !== 'start' && log(`prepare ${e.done}/${e.total}: ${e.label} ${e.status}${e.error ? `: ${e.error}` : ''}`) });
       if (prep.failures.length) throw new Error(`prepare failed: ${prep.failures.map((f) => f.message).join('; ')}`);
-      const layers = new Map<string, TaskLayers>();
+      const layers = layerMap;
       for (const [id, p] of prep.prepared) layers.set(id, await taskLayers(c.store, p));
       if (methodsRun.includes('layers')) c.methods.set('layers', layersMethod(layers, path.join(tmp, 'state-layers')));
       if (methodsRun.includes('extract')) {
@@ -502,9 +541,7 @@ export async function runSuite(o: SuiteOptions, signal: AbortSignal): Promise<Su
     if (methodsRun.includes('image') && d && workload.docker) {
       log('importing the instance images into a MiniSandbox store (cached after the first run)');
       c.imageStore = await openStore({ root: path.join(o.cacheDir, `suite-image-store-${o.workload}`) });
-      const ids = new Map<string, string>();
-      for (const task of workload.tasks) ids.set(task.instance_id, (await ensureStoreImage(c.imageStore, workload.docker.instances[task.instance_id]!, false, signal)).id);
-      c.methods.set('image', imageMethod(c.imageStore, ids, path.join(tmp, 'state-image')));
+      c.methods.set('image', imageMethod(c.imageStore, await importInstanceImages(c.imageStore, d, workload, signal), path.join(tmp, 'state-image')));
     }
     if (methodsRun.includes('docker') && d && workload.docker) c.methods.set('docker', dockerMethod(d, workload.docker.instances));
     // The order of METHODS, whatever --methods said.
@@ -519,7 +556,7 @@ export async function runSuite(o: SuiteOptions, signal: AbortSignal): Promise<Su
     log('disk'); const disk = await measureDisk(c, archivesDir);
     log('rollout'); await measureRollout(c, rollout);
     log('scaling'); await measureScaling(c, scaling, skipped);
-    log('cold setup'); await measureCold(c, setup, skipped);
+    log('cold setup'); await measureCold(c, setup, skipped, layerMap);
     mach.loadEnd = os.loadavg();
     const results: Omit<SuiteResults, 'bars'> = {
       version: 1,
@@ -539,14 +576,18 @@ export async function runSuite(o: SuiteOptions, signal: AbortSignal): Promise<Su
     return { ...results, bars: judgeBars(results) };
   } finally {
     await cleanup(d);
-    rmSync(tmp, { recursive: true, force: true });
   }
 }
+
+/** Temp dirs of this run (sandbox state, cold stores), removed by cleanup(). */
+const scratchDirs = new Set<string>();
 
 /** Closes every instance still open and removes every suite container. */
 export async function cleanup(d: DockerCli | undefined): Promise<void> {
   await Promise.all([...liveInstances].map((inst) => inst.close().catch(() => undefined)));
   if (d) await removeSuiteContainers(d).catch(() => undefined);
+  for (const dir of scratchDirs) rmSync(dir, { recursive: true, force: true });
+  scratchDirs.clear();
 }
 
 async function main(): Promise<void> {

@@ -31,7 +31,7 @@ import { IoBudget, type Layer, type LayerStore } from '../../lib/layers/index.js
 import { Sandbox, policy } from '../../lib/sandbox/index.js';
 import type { ShellSession } from '../../lib/shell/index.js';
 import { TESTBED, type PreparedTask } from '../../lib/swe/pipeline/types.js';
-import { docker, SUITE_LABEL, type DockerCli } from './dockerCli.js';
+import { docker, SUITE_LABEL, SUITE_NAME, type DockerCli } from './dockerCli.js';
 
 export const METHODS = ['docker', 'extract', 'layers', 'image'] as const;
 export type MethodName = (typeof METHODS)[number];
@@ -112,7 +112,7 @@ export function dockerMethod(d: DockerCli, images: Record<string, string>): Meth
     async start(instanceId) {
       const image = images[instanceId];
       if (!image) throw new Error(`docker: no instance image for ${instanceId}`);
-      const name = `${SUITE_LABEL}-${process.pid}-${++containerSeq}`;
+      const name = `${SUITE_NAME}-${process.pid}-${++containerSeq}`;
       // Registered before the run: an interrupt during `docker run` still
       // finds it by its label.
       const id = (await docker(d, ['run', '-d', '--name', name, '--label', SUITE_LABEL, '--network', 'none', '-w', TESTBED, image, 'sleep', 'infinity'], { timeoutMs: 600_000 })).stdout.trim();

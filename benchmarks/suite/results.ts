@@ -61,6 +61,8 @@ export interface RolloutSample {
   setupMs: number;
   steps: number;
   failedSteps: number;
+  /** The steps that exited non-zero, with their exit codes (first few). */
+  failed?: string[];
   /** Wall time of the steps as the caller sees them, and the commands' own time measured by bash inside. */
   stepsWallMs: number;
   stepsInnerMs: number;
