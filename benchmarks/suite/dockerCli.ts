@@ -4,7 +4,7 @@
  * starts a dockerd when it must), the suite installs and starts nothing:
  * it says what is missing and how to get it, and runs without Docker.
  */
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { isExecutable, which } from '../lib/proc.js';
 
 export interface DockerCli {
@@ -26,10 +26,19 @@ export interface DockerRun {
   code: number | null;
 }
 
+/** docker CLI processes running now: an interrupt kills them (a `docker save` would go on writing gigabytes). */
+const running = new Set<ChildProcess>();
+
+export function killDockerClis(): void {
+  for (const child of running) child.kill('SIGKILL');
+  running.clear();
+}
+
 /** Runs the docker CLI; throws naming the command and Docker's reason unless allowFail. */
 export function docker(d: Pick<DockerCli, 'cli'>, args: readonly string[], opts: { input?: string; allowFail?: boolean; timeoutMs?: number } = {}): Promise<DockerRun> {
   return new Promise((resolve, reject) => {
     const child = spawn(d.cli, args, { stdio: ['pipe', 'pipe', 'pipe'] });
+    running.add(child);
     let stdout = '';
     let stderr = '';
     child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
@@ -40,6 +49,7 @@ export function docker(d: Pick<DockerCli, 'cli'>, args: readonly string[], opts:
       reject(new Error(`docker ${args.slice(0, 2).join(' ')}: ${err.message}`));
     });
     child.on('close', (code) => {
+      running.delete(child);
       clearTimeout(timer);
       if (code !== 0 && !opts.allowFail) reject(new Error(`docker ${args.slice(0, 3).join(' ')} failed (exit ${code}): ${stderr.trim().split('\n').slice(-3).join(' ')}`));
       else resolve({ stdout, stderr, code });

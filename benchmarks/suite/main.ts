@@ -26,7 +26,7 @@ import { prepareTasks } from '../../lib/swe/pipeline/prepare.js';
 import type { Task } from '../../lib/swe/tasks.js';
 import { TESTBED } from '../../lib/swe/pipeline/types.js';
 import { buildDemoWorkload, defaultCacheDir, imageTag } from './demoWorkload.js';
-import { docker, findDocker, imageSize, removeSuiteContainers, SUITE_NAME, type DockerCli } from './dockerCli.js';
+import { docker, findDocker, imageSize, killDockerClis, removeSuiteContainers, SUITE_NAME, type DockerCli } from './dockerCli.js';
 import { dockerMethod, extractMethod, imageMethod, layerArchive, layersMethod, liveInstances, METHODS, taskLayers, type Instance, type Method, type MethodName, type TaskLayers } from './methods.js';
 import { barsText, writeResults } from './report.js';
 import { judgeBars, spread, type DiskFigures, type LatencySamples, type Machine, type RolloutSample, type ScalingSample, type SetupSample, type SuiteResults } from './results.js';
@@ -584,6 +584,7 @@ const scratchDirs = new Set<string>();
 
 /** Closes every instance still open and removes every suite container. */
 export async function cleanup(d: DockerCli | undefined): Promise<void> {
+  killDockerClis();
   await Promise.all([...liveInstances].map((inst) => inst.close().catch(() => undefined)));
   if (d) await removeSuiteContainers(d).catch(() => undefined);
   for (const dir of scratchDirs) rmSync(dir, { recursive: true, force: true });
