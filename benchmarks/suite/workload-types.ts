@@ -45,6 +45,25 @@ export interface Workload {
   /** Absent when Docker was not asked for or is not available (reason in `dockerSkipped`). */
   docker?: WorkloadDockerImages;
   dockerSkipped?: string;
+  /**
+   * The layer store the builder prepared the tasks in to derive their test
+   * lists: every venv and repository layer is there (a warm store).
+   */
+  storeDir?: string;
+  /** JSON: how long the builder took (repositories, venvs + derivation, each Docker image). */
+  timingsFile?: string;
+  /**
+   * What the tasks' install commands need to build a venv cold: the local
+   * package indexes served on loopback (`serve()` until close), and
+   * `prepareTasks(..., { installNetwork })` set to this value so the build
+   * sandbox can reach them. Not needed when every venv is already in the
+   * store (the recipe index reuses it without running the install).
+   */
+  packageIndex?: {
+    url: string;
+    installNetwork: 'host';
+    serve: () => Promise<{ close(): Promise<void> }>;
+  };
 }
 
 export interface BuildWorkloadOptions {
