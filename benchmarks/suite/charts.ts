@@ -44,7 +44,7 @@ export function setupChart(r: SuiteResults): Spec | undefined {
 
 /** Per-environment start time against N started at once, one line per method. */
 export function scalingChart(r: SuiteResults): Spec | undefined {
-  const values = r.methods.flatMap((method) => scalingRows(r, method).map((row) => ({ method, n: row.n, perEnv: row.perEnv.median, total: row.total.median, failures: row.failures })));
+  const values = r.methods.flatMap((method) => scalingRows(r, method).map((row) => ({ method, n: row.n, perEnv: row.perEnv.median, latency: row.latency.median, total: row.total.median, failures: row.failures })));
   if (values.length === 0) return undefined;
   const x = { field: 'n', type: 'quantitative' as const, scale: { type: 'log' as const, base: 2 }, title: 'environments started at once (N)' };
   return {
@@ -52,7 +52,7 @@ export function scalingChart(r: SuiteResults): Spec | undefined {
     title: 'Scaling: N environments started at once',
     data: { values },
     hconcat: [
-      { width: 300, mark: { type: 'line', point: true }, encoding: { x, y: { field: 'perEnv', type: 'quantitative', scale: { type: 'log' }, title: 'per-environment start, median ms (log)' }, color: { field: 'method', type: 'nominal' } } },
+      { width: 300, mark: { type: 'line', point: true }, encoding: { x, y: { field: 'perEnv', type: 'quantitative', scale: { type: 'log' }, title: 'per environment: all ready / N, ms (log)' }, color: { field: 'method', type: 'nominal' } } },
       { width: 300, mark: { type: 'line', point: true }, encoding: { x, y: { field: 'total', type: 'quantitative', scale: { type: 'log' }, title: 'all N ready, ms (log)' }, color: { field: 'method', type: 'nominal' } } },
     ],
   };

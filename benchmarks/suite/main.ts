@@ -413,9 +413,13 @@ async function measureScaling(c: Context, out: ScalingSample[], skipped: Record<
   }
 }
 
-async function measureDisk(c: Context, archivesDir: string): Promise<DiskFigures> {
+async function measureDisk(c: Context, archivesDir: string, layers: Map<string, TaskLayers>): Promise<DiskFigures> {
   const disk: DiskFigures = { set: {}, perInstance: {} };
-  if (c.methods.has('layers')) disk.set.layers = { bytes: duBytes([path.join(c.store.root, 'layers')]), what: "the layer store's layers (du: real blocks, hard links once)" };
+  if (c.methods.has('layers')) {
+    // The set's own layers: the store may hold other sets' too.
+    const paths = [...new Set([...layers.values()].flatMap((t) => [t.env.venv.path, t.repo.path]))];
+    disk.set.layers = { bytes: duBytes(paths), what: `the set's ${paths.length} venv and repository layers in the store (du: real blocks, hard links once)` };
+  }
   if (c.methods.has('extract')) disk.set.extract = { bytes: duBytes([archivesDir]), what: 'the venv and repository archives the instances unpack (du)' };
   if (c.imageStore) disk.set.image = { bytes: duBytes([path.join(c.imageStore.root, 'layers')]), what: 'the imported images\' layers in the store (du)' };
   if (c.d && c.workload.docker) {
@@ -520,14 +524,26 @@ export async function runSuite(o: SuiteOptions, signal: AbortSignal): Promise<Su
 
   const tmp = mkdtempSync(path.join(os.tmpdir(), 'msbx-suite-'));
   scratchDirs.add(tmp);
-  const c: Context = { o, workload, tasks, methods: new Map(), store: await openStore({ root: path.join(o.cacheDir, `suite-store-${workload.size}-${o.workload}`) }), tmp, signal, ...(d ? { d } : {}) };
-  const archivesDir = path.join(c.store.root, '..', `suite-archives-${o.workload}`);
+  // The builder's store holds every venv and repository layer already (it
+  // prepared the tasks to derive their test lists): the suite uses it warm.
+  const storeRoot = workload.storeDir ?? path.join(o.cacheDir, `suite-store-${o.workload}`);
+  const c: Context = { o, workload, tasks, methods: new Map(), store: await openStore({ root: storeRoot }), tmp, signal, ...(d ? { d } : {}) };
+  const archivesDir = path.join(o.cacheDir, `suite-archives-${o.workload}`);
   const layerMap = new Map<string, TaskLayers>();
   try {
     // What the MiniSandbox methods need, built once and cached.
     if (methodsRun.some((m) => m === 'layers' || m === 'extract')) {
       log('preparing the MiniSandbox side (venv and repository layers; cached after the first run)');
-      const prep = await prepareTasks(workload.tasks, { store: c.store, concurrency: 2, signal, onProgress: (e) => e.status !== 'start' && log(`prepare ${e.done}/${e.total}: ${e.label} ${e.status}${e.error ? `: ${e.error}` : ''}`) });
+      // The same install network as the builder's, or the env keys differ
+      // and every venv would be built again; its package indexes are served
+      // for a venv the store lacks.
+      const index = await workload.packageIndex?.serve();
+      let prep;
+      try {
+        prep = await prepareTasks(workload.tasks, { store: c.store, concurrency: 2, signal, ...(workload.packageIndex ? { installNetwork: workload.packageIndex.installNetwork } : {}), onProgress: (e) => e.status !== 'start' && log(`prepare ${e.done}/${e.total}: ${e.label} ${e.status}${e.error ? `: ${e.error}` : ''}`) });
+      } finally {
+        await index?.close();
+      }
       if (prep.failures.length) throw new Error(`prepare failed: ${prep.failures.map((f) => f.message).join('; ')}`);
       const layers = layerMap;
       for (const [id, p] of prep.prepared) layers.set(id, await taskLayers(c.store, p));
@@ -553,7 +569,7 @@ export async function runSuite(o: SuiteOptions, signal: AbortSignal): Promise<Su
     const scaling: ScalingSample[] = [];
     log('warm setup'); await measureWarm(c, setup);
     log('per-command latency'); await measureLatency(c, latency);
-    log('disk'); const disk = await measureDisk(c, archivesDir);
+    log('disk'); const disk = await measureDisk(c, archivesDir, layerMap);
     log('rollout'); await measureRollout(c, rollout);
     log('scaling'); await measureScaling(c, scaling, skipped);
     log('cold setup'); await measureCold(c, setup, skipped, layerMap);

@@ -124,14 +124,19 @@ export function setupSpread(r: Pick<SuiteResults, 'setup'>, method: MethodName, 
   return spread(r.setup.filter((s) => s.method === method && s.kind === kind).map((s) => s.ms));
 }
 
-/** Per N: the median over repeats of each run's median per-environment time, and totals. */
-export function scalingRows(r: Pick<SuiteResults, 'scaling'>, method: MethodName): Array<{ n: number; perEnv: Spread; total: Spread; failures: number; memoryBytes: number }> {
+/**
+ * Per N: all-ready time, its share per environment (all-ready / N: flat
+ * when scaling is linear, the paper's sense), each environment's own start
+ * latency (grows with N on 2 cores: they share the CPUs), failures, memory.
+ */
+export function scalingRows(r: Pick<SuiteResults, 'scaling'>, method: MethodName): Array<{ n: number; perEnv: Spread; latency: Spread; total: Spread; failures: number; memoryBytes: number }> {
   const ns = [...new Set(r.scaling.filter((s) => s.method === method).map((s) => s.n))].sort((a, b) => a - b);
   return ns.map((n) => {
     const runs = r.scaling.filter((s) => s.method === method && s.n === n);
     return {
       n,
-      perEnv: spread(runs.flatMap((s) => s.perEnvMs)),
+      perEnv: spread(runs.map((s) => s.totalMs / s.n)),
+      latency: spread(runs.flatMap((s) => s.perEnvMs)),
       total: spread(runs.map((s) => s.totalMs)),
       failures: runs.reduce((a, s) => a + s.failures, 0),
       memoryBytes: spread(runs.map((s) => s.memoryBytes)).median,
@@ -187,7 +192,7 @@ export function judgeBars(r: Omit<SuiteResults, 'bars'>): Bar[] {
       const growth = last.perEnv.median / first.perEnv.median;
       const failures = rows.reduce((a, x) => a + x.failures, 0);
       bars.push({ name: `layers: N=${last.n} at once without failure`, target: '0 failures', value: `${failures} failures`, ok: failures === 0 });
-      bars.push({ name: `layers: per-environment setup N=${last.n} / N=${first.n}`, target: '< 2x', value: `${growth.toFixed(2)}x`, ok: growth < 2 && last.n >= 256 ? true : growth < 2 ? undefined : false, ...(last.n < 256 ? { note: `measured up to N=${last.n} only; the bar is N=256` } : {}) });
+      bars.push({ name: `layers: per-environment setup (all ready / N), N=${last.n} / N=${first.n}`, target: '< 2x', value: `${growth.toFixed(2)}x`, ok: growth < 2 && last.n >= 256 ? true : growth < 2 ? undefined : false, ...(last.n < 256 ? { note: `measured up to N=${last.n} only; the bar is N=256` } : {}) });
     }
   }
   // 4. rollout overhead per step

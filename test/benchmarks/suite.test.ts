@@ -65,8 +65,8 @@ describe.skipIf(!python)('benchmark suite, a tiny real run (demo workload, no Do
     expect(byName.get('warm setup, layers / docker')).toMatchObject({ ok: undefined, note: expect.stringContaining('--no-docker') });
     expect(byName.get('layers: N=2 at once without failure')).toMatchObject({ ok: true, value: '0 failures' });
     // Measured to N=2 only: a growth figure, but no verdict on the bar (N=256).
-    expect(byName.get('layers: per-environment setup N=2 / N=1')).toMatchObject({ note: expect.stringContaining('N=256') });
-    expect(byName.get('layers: per-environment setup N=2 / N=1')!.ok).not.toBe(true);
+    expect(byName.get('layers: per-environment setup (all ready / N), N=2 / N=1')).toMatchObject({ note: expect.stringContaining('N=256') });
+    expect(byName.get('layers: per-environment setup (all ready / N), N=2 / N=1')!.ok).not.toBe(true);
     // With a Docker figure in the same results, the ratios get verdicts: here
     // the layers samples stand in for Docker's at 100x their time.
     const withDocker = { ...results, methods: [...results.methods, 'docker' as const], skipped: {} };
