@@ -14,10 +14,11 @@
  * it made is removed at the end, and on SIGINT/SIGTERM.
  */
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
+import { removeTree } from '../../lib/files/fsTree.js';
 import { formatMs } from '../../lib/format.js';
 import { importImage } from '../../lib/images/index.js';
 import { IoBudget, openStore, type LayerStore } from '../../lib/layers/index.js';
@@ -292,7 +293,8 @@ async function measureCold(c: Context, out: SetupSample[], skipped: Record<strin
             await docker(c.d!, ['rmi', '-f', tag], { allowFail: true, timeoutMs: 120_000 });
           }
         } finally {
-          rmSync(scratch, { recursive: true, force: true });
+          // removeTree: store layers and checkouts have read-only dirs, which rm -rf cannot empty as a non-root user.
+          await removeTree(scratch);
         }
         log(`cold setup: ${name} ${task.instance_id}: ${formatMs(out[out.length - 1]!.ms)}`);
       }
@@ -480,7 +482,7 @@ async function importInstanceImages(store: LayerStore, d: DockerCli, workload: W
       await docker(d, ['save', '-o', path.join(dir, 'images.tar'), ...missing], { timeoutMs: 3_600_000 });
       await importImage(store, path.join(dir, 'images.tar'), { signal });
     } finally {
-      rmSync(dir, { recursive: true, force: true });
+      await removeTree(dir);
       scratchDirs.delete(dir);
     }
   }
@@ -603,7 +605,7 @@ export async function cleanup(d: DockerCli | undefined): Promise<void> {
   killDockerClis();
   await Promise.all([...liveInstances].map((inst) => inst.close().catch(() => undefined)));
   if (d) await removeSuiteContainers(d).catch(() => undefined);
-  for (const dir of scratchDirs) rmSync(dir, { recursive: true, force: true });
+  for (const dir of scratchDirs) await removeTree(dir).catch((err: Error) => log(`cannot remove ${dir}: ${err.message}`));
   scratchDirs.clear();
 }
 

@@ -26,6 +26,7 @@ import { promises as fsp } from 'node:fs';
 import path from 'node:path';
 import { basePythonMounts, createEnvSandbox, loadEnv, venvVariables, type Env } from '../../lib/env/index.js';
 import { extractArchive, packDirectory } from '../../lib/files/extract.js';
+import { removeTree } from '../../lib/files/fsTree.js';
 import { createImageSandbox } from '../../lib/images/index.js';
 import { IoBudget, type Layer, type LayerStore } from '../../lib/layers/index.js';
 import { Sandbox, policy } from '../../lib/sandbox/index.js';
@@ -169,7 +170,8 @@ export function extractMethod(tasks: Map<string, TaskLayers & { venvArchive: str
       const t = tasks.get(instanceId);
       if (!t) throw new Error(`extract: task ${instanceId} not prepared`);
       const dir = path.join(stateDir, `extract-${process.pid}-${++seq}`);
-      const remove = () => fsp.rm(dir, { recursive: true, force: true });
+      // removeTree: the unpacked trees have read-only dirs (the store's modes), which rm -rf cannot empty as a non-root user.
+      const remove = () => removeTree(dir);
       try {
         await fsp.mkdir(dir, { recursive: true });
         const unpack = async (archive: string, dest: string) => {

@@ -4,11 +4,12 @@
  * Docker), and its cleanup when interrupted.
  */
 import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { findPython } from '../../lib/env/python.js';
+import { removeTree } from '../../lib/files/fsTree.js';
 import { renderCharts } from '../../benchmarks/suite/charts.js';
 import { parseOptions, parseTimed, rolloutSteps, runSuite, timed } from '../../benchmarks/suite/main.js';
 import { renderReport, writeResults } from '../../benchmarks/suite/report.js';
@@ -29,7 +30,7 @@ describe.skipIf(!python)('benchmark suite, a tiny real run (demo workload, no Do
     results = await runSuite(o, new AbortController().signal);
     files = await writeResults(o.out, results);
   }, 240_000);
-  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  afterAll(() => removeTree(dir));
 
   it('keeps every raw sample and the machine', () => {
     const json = JSON.parse(readFileSync(path.join(dir, 'out', 'results.json'), 'utf8')) as SuiteResults;
@@ -230,7 +231,7 @@ describe.skipIf(!python || !existsSync(compiled))('benchmark suite, interrupted'
       expect(readdirSync(tmp).filter((e) => !/^minisandbox-\d+$/.test(e))).toEqual([]);
       for (const e of readdirSync(tmp)) expect(readdirSync(path.join(tmp, e)).filter((x) => x.startsWith('sbx'))).toEqual([]);
     } finally {
-      rmSync(dir, { recursive: true, force: true });
+      await removeTree(dir);
     }
   }, 300_000);
 });
