@@ -332,7 +332,9 @@ async function measureLatency(c: Context, out: LatencySamples[]): Promise<void> 
 
 async function measureRollout(c: Context, out: RolloutSample[]): Promise<void> {
   const methods = [...c.methods.values()];
-  const repeats = c.o.quick ? 1 : Math.max(1, Math.min(3, c.o.repeat));
+  // One rollout per task and method: a rollout is ~30 s of the machine
+  // for four methods, and the tasks themselves are the repeats (--tasks).
+  const repeats = 1;
   for (let round = 0; round < repeats; round++) {
     for (const task of c.tasks) {
       const steps = rolloutSteps(sourceFile(task, c.workload));
@@ -423,7 +425,16 @@ async function measureDisk(c: Context, archivesDir: string, layers: Map<string, 
     disk.set.layers = { bytes: duBytes(paths), what: `the set's ${paths.length} venv and repository layers in the store (du: real blocks, hard links once)` };
   }
   if (c.methods.has('extract')) disk.set.extract = { bytes: duBytes([archivesDir]), what: 'the venv and repository archives the instances unpack (du)' };
-  if (c.imageStore) disk.set.image = { bytes: duBytes([path.join(c.imageStore.root, 'layers')]), what: 'the imported images\' layers in the store (du)' };
+  if (c.imageStore) {
+    // The set's images' layers: the store is shared by the quick and full sets.
+    const { findImage, imageLayers } = await import('../../lib/images/index.js');
+    const paths = new Set<string>();
+    for (const ref of Object.values(c.workload.docker!.instances)) {
+      const rec = await findImage(c.imageStore, ref);
+      if (rec) for (const l of await imageLayers(c.imageStore, rec)) paths.add(l.path);
+    }
+    disk.set.image = { bytes: duBytes([...paths]), what: `the set's images' ${paths.size} layers in the store (du)` };
+  }
   if (c.d && c.workload.docker) {
     const imgs = c.workload.docker;
     const size = new Map<string, number>();
@@ -532,20 +543,17 @@ export async function runSuite(o: SuiteOptions, signal: AbortSignal): Promise<Su
   const c: Context = { o, workload, tasks, methods: new Map(), store: await openStore({ root: storeRoot }), tmp, signal, ...(d ? { d } : {}) };
   const archivesDir = path.join(o.cacheDir, `suite-archives-${o.workload}`);
   const layerMap = new Map<string, TaskLayers>();
+  let index: { close(): Promise<void> } | undefined;
   try {
     // What the MiniSandbox methods need, built once and cached.
     if (methodsRun.some((m) => m === 'layers' || m === 'extract')) {
       log('preparing the MiniSandbox side (venv and repository layers; cached after the first run)');
       // The same install network as the builder's, or the env keys differ
       // and every venv would be built again; its package indexes are served
-      // for a venv the store lacks.
-      const index = await workload.packageIndex?.serve();
-      let prep;
-      try {
-        prep = await prepareTasks(workload.tasks, { store: c.store, concurrency: 2, signal, ...(workload.packageIndex ? { installNetwork: workload.packageIndex.installNetwork } : {}), onProgress: (e) => e.status !== 'start' && log(`prepare ${e.done}/${e.total}: ${e.label} ${e.status}${e.error ? `: ${e.error}` : ''}`) });
-      } finally {
-        await index?.close();
-      }
+      // for a venv the store lacks, until the run ends (another process may
+      // be using the server meanwhile: a builder finds it and uses it).
+      index = await workload.packageIndex?.serve();
+      const prep = await prepareTasks(workload.tasks, { store: c.store, concurrency: 2, signal, ...(workload.packageIndex ? { installNetwork: workload.packageIndex.installNetwork } : {}), onProgress: (e) => e.status !== 'start' && log(`prepare ${e.done}/${e.total}: ${e.label} ${e.status}${e.error ? `: ${e.error}` : ''}`) });
       if (prep.failures.length) throw new Error(`prepare failed: ${prep.failures.map((f) => f.message).join('; ')}`);
       const layers = layerMap;
       for (const [id, p] of prep.prepared) layers.set(id, await taskLayers(c.store, p));
@@ -558,7 +566,8 @@ export async function runSuite(o: SuiteOptions, signal: AbortSignal): Promise<Su
     }
     if (methodsRun.includes('image') && d && workload.docker) {
       log('importing the instance images into a MiniSandbox store (cached after the first run)');
-      c.imageStore = await openStore({ root: path.join(o.cacheDir, `suite-image-store-${o.workload}`) });
+      // One store for the quick and full sets: they share the base image (gigabytes), imported once.
+      c.imageStore = await openStore({ root: path.join(o.cacheDir, o.workload === 'demo' ? 'suite-image-store-demo' : 'suite-image-store') });
       c.methods.set('image', imageMethod(c.imageStore, await importInstanceImages(c.imageStore, d, workload, signal), path.join(tmp, 'state-image')));
     }
     if (methodsRun.includes('docker') && d && workload.docker) c.methods.set('docker', dockerMethod(d, workload.docker.instances));
@@ -594,6 +603,7 @@ export async function runSuite(o: SuiteOptions, signal: AbortSignal): Promise<Su
     return { ...results, bars: judgeBars(results) };
   } finally {
     await cleanup(d);
+    await index?.close();
   }
 }
 
