@@ -92,7 +92,7 @@ export function parseOptions(argv: string[]): SuiteOptions {
     workload,
     methods: methods as MethodName[],
     scale: [...new Set(scale)].sort((a, b) => a - b),
-    repeat: int('repeat', values.repeat, quick ? 3 : 5),
+    repeat: int('repeat', values.repeat, quick ? 2 : 3),
     tasks: int('tasks', values.tasks, quick ? 2 : 8),
     coldTasks: int('cold-tasks', values['cold-tasks'], quick ? 1 : 2),
     out: path.resolve(values.out ?? 'bench-results'),
@@ -374,13 +374,14 @@ async function measureRollout(c: Context, out: RolloutSample[]): Promise<void> {
   }
 }
 
-/** Bigger N take long: all repeats up to 32, then one run. Extract is capped at 32: 256 private copies of every venv would fill the disk and take the whole run. */
+/** Extract is capped at N = 32: 256 private copies of every venv would fill the disk and take the whole run. */
 export const EXTRACT_SCALE_MAX = 32;
 
 async function measureScaling(c: Context, out: ScalingSample[], skipped: Record<string, string>): Promise<void> {
   const methods = [...c.methods.values()];
   for (const [i, n] of c.o.scale.entries()) {
-    const repeats = n <= 32 ? Math.min(3, c.o.repeat) : 1;
+    // Repeats where a run is short (N <= 8, and not in --quick); one run above.
+    const repeats = n <= 8 && !c.o.quick ? Math.min(3, c.o.repeat) : 1;
     for (let round = 0; round < repeats; round++) {
       for (const m of abba(methods, i + round)) {
         c.signal.throwIfAborted();
