@@ -13,7 +13,7 @@
  * Progress goes to stderr. Every container (label msbx-suite) and sandbox
  * it made is removed at the end, and on SIGINT/SIGTERM.
  */
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -132,8 +132,13 @@ function memoryInUse(): number {
 function duBytes(paths: string[]): number {
   const there = paths.filter((p) => existsSync(p));
   if (there.length === 0) return 0;
-  const out = execFileSync('du', ['-s', '-c', '--block-size=1', ...there], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'], maxBuffer: 64 << 20 });
-  return Number(out.trim().split('\n').pop()!.split('\t')[0]);
+  // du exits 1 for what it cannot read (overlay's mode-000 work dirs, a
+  // sandbox's files under other ids as a non-root user); its total of the
+  // rest stands.
+  const r = spawnSync('du', ['-s', '-c', '--block-size=1', ...there], { encoding: 'utf8', maxBuffer: 64 << 20 });
+  const total = Number(r.stdout.trim().split('\n').pop()?.split('\t')[0]);
+  if (!Number.isFinite(total)) throw new Error(`du ${there.join(' ')}: ${r.stderr.trim() || r.error?.message}`);
+  return total;
 }
 
 /** Rotates the order each round (A B C, C B A, ...): drift falls on all contenders alike. */
