@@ -12,6 +12,8 @@
  * test_patch puts back (as a SWE-bench fix brings its regression test).
  */
 
+import { SweError } from '../../lib/swe/errors.js';
+
 export interface RepoSpec {
   /** Folder under reposDir, and the package's import name. */
   name: string;
@@ -81,7 +83,7 @@ export const ENVS: readonly EnvSpec[] = [
 /** Release of a repository an env version is built from ("1.4" -> "1.4.1"). */
 export function releaseOf(repo: RepoSpec, version: string): string {
   const release = repo.releases.find((r) => r === version || r.startsWith(`${version}.`));
-  if (!release) throw new Error(`workload spec: ${repo.name} has no release for version ${version}`);
+  if (!release) throw new SweError(`workload spec: ${repo.name} has no release for version ${version}`);
   return release;
 }
 

@@ -4,7 +4,7 @@
  * of 100 MB or more per environment, and, on request, Docker images built
  * the way SWE-bench builds them. What it is made of: specs.ts.
  *
- * Usage: node dist/benchmarks/suite/workload.js [--quick] [--docker] [--cache DIR]
+ * Usage: node dist/benchmarks/suite/workload.js [--quick] [--docker] [--cache DIR] [--check]
  *
  * Layout of the cache (everything keyed by WORKLOAD_VERSION, so a changed
  * builder builds anew next to the old one):
@@ -27,10 +27,11 @@ import { deriveTestLists } from '../../lib/swe/derive.js';
 import { git } from '../../lib/swe/demo/git.js';
 import { SweError } from '../../lib/swe/errors.js';
 import { TaskEnvs } from '../../lib/swe/pipeline/taskEnvs.js';
+import { evaluateAll, prepareTasks } from '../../lib/swe/pipeline/index.js';
 import { loadTasks, type Task } from '../../lib/swe/tasks.js';
 import { dockerCommand, DockerUnavailable, ensureDocker, hostImagePaths, importImage, stopDocker, type DockerHandle } from '../lib/docker.js';
 import { exec } from '../lib/proc.js';
-import { INDEX_URL, indexesMissing, pipIndexArgs, serveIndexes, WHEEL_DIRS, type ServedIndex } from './packageIndex.js';
+import { INDEX_URL, indexesMissing, pipIndexArgs, serveIndexes, WHEEL_DIRS } from './packageIndex.js';
 import { BUGS, ENVS, instanceId, QUICK, releaseOf, REPOS, type BugSpec, type EnvSpec, type RepoSpec } from './specs.js';
 import type { BuildWorkloadOptions, Workload, WorkloadDockerImages, WorkloadEnv, WorkloadSize } from './workload-types.js';
 
@@ -211,8 +212,14 @@ async function dockerRun(h: DockerHandle, args: string[], timeoutMs = 30 * 60_00
   return exec(cli, full, { timeoutMs });
 }
 
-async function imageExists(h: DockerHandle, name: string): Promise<boolean> {
-  return (await dockerRun(h, ['image', 'inspect', '--format', '{{.Id}}', name], 30_000)).code === 0;
+async function imageId(h: DockerHandle, name: string): Promise<string | undefined> {
+  const r = await dockerRun(h, ['image', 'inspect', '--format', '{{.Id}}', name], 30_000);
+  return r.code === 0 ? r.stdout.trim() : undefined;
+}
+
+/** A short content hash for a tag: what an image is built from (its parent's id, its Dockerfile, its context). */
+function contentTag(...parts: string[]): string {
+  return createHash('sha256').update(JSON.stringify(parts)).digest('hex').slice(0, 12);
 }
 
 async function dockerBuild(h: DockerHandle, name: string, context: string, dockerfile: string, network: boolean): Promise<void> {
@@ -221,63 +228,81 @@ async function dockerBuild(h: DockerHandle, name: string, context: string, docke
   if (r.code !== 0) throw new SweError(`docker build of ${name} failed (${r.code}): ${(r.stderr || r.stdout).trim().split('\n').slice(-8).join('\n')}`);
 }
 
+function freshDir(path: string): string {
+  rmSync(path, { recursive: true, force: true });
+  mkdirSync(path, { recursive: true });
+  return path;
+}
+
 /**
  * SWE-bench's three tiers: a base image (the host files a MiniSandbox root
- * shows plus the base interpreter's install, at the same path), one env
- * image per environment FROM it (the venv built by the task's install
- * commands at the path the sandbox uses), one instance image per task FROM
- * its env image (the repository at base_commit in /testbed). Built with
- * `docker build`, so the tiers are shared layers.
+ * shows plus the base interpreter's install, at the same path, and the
+ * directories an OS image has: /tmp, /root, /var/tmp, ...), one env image
+ * per environment FROM it (the venv built by the task's install commands at
+ * the path the sandbox uses), one instance image per task FROM its env image
+ * (the repository at base_commit in /testbed). Built with `docker build`, so
+ * the tiers are shared layers. Tags carry a hash of what each image is made
+ * from (its parent's id included), so a changed tier rebuilds what is above.
  */
 async function buildDockerImages(h: DockerHandle, tasks: Task[], envs: WorkloadEnv[], scratch: string, taskEnvs: TaskEnvs, log: Log, signal?: AbortSignal): Promise<{ images: WorkloadDockerImages; timings: NonNullable<WorkloadTimings['docker']> }> {
   const t0 = performance.now();
   const byId = new Map(tasks.map((t) => [t.instance_id, t]));
   const python = taskEnvs.python(tasks[0]!);
   if (typeof python === 'string') throw new SweError(`workload: ${python}`);
-  const base = `${IMAGE_PREFIX}/base:w${WORKLOAD_VERSION}-py${python.version}`;
+  // Importing the host's files takes minutes (several GB): done once per
+  // interpreter, whatever the workload's version.
+  const host = `${IMAGE_PREFIX}/host:py${python.version}`;
   let t = performance.now();
-  const baseReused = await imageExists(h, base);
-  if (!baseReused) await importImage(h, base, [...hostImagePaths(), python.prefix.slice(1)], log);
+  let baseReused = true;
+  if (!(await imageId(h, host))) {
+    baseReused = false;
+    await importImage(h, host, [...hostImagePaths(), python.prefix.slice(1)], log);
+  }
+  const baseFile = [`FROM ${host}`, 'RUN ["/bin/bash", "-c", "mkdir -p /root /home /opt /srv /mnt /var/tmp /var/log /var/cache /run && mkdir -p -m 1777 /tmp && chmod 1777 /var/tmp"]', `ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8`, ''].join('\n');
+  const base = `${IMAGE_PREFIX}/base:py${python.version}-${contentTag((await imageId(h, host))!, baseFile)}`;
+  if (!(await imageId(h, base))) {
+    baseReused = false;
+    await dockerBuild(h, base, freshDir(join(scratch, 'base')), baseFile, false);
+  }
   const timings: NonNullable<WorkloadTimings['docker']> = { totalMs: 0, base: { image: base, ms: performance.now() - t, reused: baseReused }, envs: {}, instances: {} };
   const images: WorkloadDockerImages = { base, envs: {}, instances: {} };
+  const baseId = (await imageId(h, base))!;
   const index = await serveIndexes();
   try {
     for (const env of envs) {
       checkAbort(signal);
       const task = byId.get(env.tasks[0]!)!;
-      const key = taskEnvs.envKey(task);
-      const venv = `/opt/venvs/${key.slice(0, 16)}`;
-      const name = `${IMAGE_PREFIX}/env:${imageTag(env.key)}-w${WORKLOAD_VERSION}-${key.slice(0, 12)}`;
+      const venv = `/opt/venvs/${taskEnvs.envKey(task).slice(0, 16)}`;
+      const install = [`${python.path} -m venv --system-site-packages --without-pip ${venv}`, ...task.install].join(' && ');
+      const envFile = [
+        `FROM ${base}`,
+        `ENV VIRTUAL_ENV=${venv} PATH=${venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin PYTHONNOUSERSITE=1`,
+        `RUN ["/bin/bash", "-c", ${JSON.stringify(`set -e; mkdir -p /testbed; cd /testbed; ${install}`)}]`,
+        '',
+      ].join('\n');
+      const name = `${IMAGE_PREFIX}/env:${imageTag(env.key)}-${contentTag(baseId, envFile)}`;
       t = performance.now();
-      const reused = await imageExists(h, name);
+      const reused = (await imageId(h, name)) !== undefined;
       if (!reused) {
         log(`docker: building ${name}`);
-        const ctx = join(scratch, 'env');
-        rmSync(ctx, { recursive: true, force: true });
-        mkdirSync(ctx, { recursive: true });
-        const install = [`${python.path} -m venv --system-site-packages --without-pip ${venv}`, ...task.install].join(' && ');
-        await dockerBuild(h, name, ctx, [
-          `FROM ${base}`,
-          `ENV VIRTUAL_ENV=${venv} PATH=${venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin PYTHONNOUSERSITE=1`,
-          `RUN ["/bin/bash", "-c", ${JSON.stringify(`set -e; mkdir -p /testbed; cd /testbed; ${install}`)}]`,
-          '',
-        ].join('\n'), true);
+        await dockerBuild(h, name, freshDir(join(scratch, 'env')), envFile, true);
       }
       images.envs[env.key] = name;
       timings.envs[env.key] = { image: name, ms: performance.now() - t, reused };
+      const envId = (await imageId(h, name))!;
       for (const id of env.tasks) {
         checkAbort(signal);
         const task = byId.get(id)!;
-        const inst = `${IMAGE_PREFIX}/instance:${imageTag(id)}-w${WORKLOAD_VERSION}-${task.base_commit.slice(0, 12)}`;
+        const instFile = [`FROM ${name}`, 'COPY testbed /testbed', 'WORKDIR /testbed', ''].join('\n');
+        const inst = `${IMAGE_PREFIX}/instance:${imageTag(id)}-${contentTag(envId, instFile, task.base_commit)}`;
         t = performance.now();
-        const instReused = await imageExists(h, inst);
+        const instReused = (await imageId(h, inst)) !== undefined;
         if (!instReused) {
-          const ctx = join(scratch, 'instance');
-          rmSync(ctx, { recursive: true, force: true });
-          mkdirSync(ctx, { recursive: true });
+          log(`docker: building ${inst}`);
+          const ctx = freshDir(join(scratch, 'instance'));
           execFileSync('git', ['clone', '-q', '--no-hardlinks', task.repo_path!, join(ctx, 'testbed')], { stdio: 'ignore' });
           git(join(ctx, 'testbed'), ['checkout', '-q', task.base_commit]);
-          await dockerBuild(h, inst, ctx, [`FROM ${name}`, 'COPY testbed /testbed', 'WORKDIR /testbed', ''].join('\n'), false);
+          await dockerBuild(h, inst, ctx, instFile, false);
         }
         images.instances[id] = inst;
         timings.instances[id] = { image: inst, ms: performance.now() - t, reused: instReused };
@@ -295,6 +320,7 @@ async function buildDockerImages(h: DockerHandle, tasks: Task[], envs: WorkloadE
 
 interface Manifest {
   version: number;
+  specKey: string;
   size: WorkloadSize;
   envs: WorkloadEnv[];
   docker?: WorkloadDockerImages;
@@ -325,11 +351,17 @@ export async function buildWorkload(opts: BuildWorkloadOptions): Promise<Workloa
   const manifestFile = join(dir, 'workload.json');
   const timingsFile = join(dir, 'timings.json');
 
+  // What the set is made of: a spec edited without bumping WORKLOAD_VERSION still builds anew.
+  const specKey = createHash('sha256').update(JSON.stringify({ v: WORKLOAD_VERSION, size: opts.size, ...selected(opts.size), repos: REPOS })).digest('hex');
   let manifest: Manifest | undefined;
   if (existsSync(manifestFile)) {
-    manifest = JSON.parse(readFileSync(manifestFile, 'utf8')) as Manifest;
-    log(`workload ${opts.size}: cached in ${dir}`);
-  } else {
+    const cached = JSON.parse(readFileSync(manifestFile, 'utf8')) as Manifest;
+    if (cached.specKey === specKey) {
+      manifest = cached;
+      log(`workload ${opts.size}: cached in ${dir}`);
+    }
+  }
+  if (!manifest) {
     const missing = indexesMissing();
     if (missing) throw new SweError(`cannot build the suite's workload: ${missing}; it installs its environments and takes its sources from them`);
     rmSync(dir, { recursive: true, force: true });
@@ -387,7 +419,7 @@ export async function buildWorkload(opts: BuildWorkloadOptions): Promise<Workloa
     writeFileSync(tasksFile, tasks.map((task) => JSON.stringify({ ...task, repo_path: relative(dir, task.repo_path!) })).join('\n') + '\n');
     writeFileSync(goldPredictionsFile, tasks.map((task) => JSON.stringify({ instance_id: task.instance_id, model_name_or_path: 'gold', model_patch: task.patch })).join('\n') + '\n');
     const workloadEnvs: WorkloadEnv[] = envs.map((e) => ({ key: e.key, repo: e.repo, version: e.version, python: e.python, tasks: tasks.filter((task) => task.version === e.version && task.repo === REPOS.find((r) => r.name === e.repo)!.repo).map((task) => task.instance_id) }));
-    manifest = { version: WORKLOAD_VERSION, size: opts.size, envs: workloadEnvs, timings: { reposMs, deriveMs } };
+    manifest = { version: WORKLOAD_VERSION, specKey, size: opts.size, envs: workloadEnvs, timings: { reposMs, deriveMs } };
     writeFileSync(timingsFile, JSON.stringify(manifest.timings, null, 2) + '\n');
     writeFileSync(manifestFile, JSON.stringify(manifest, null, 2) + '\n');
   }
@@ -397,25 +429,25 @@ export async function buildWorkload(opts: BuildWorkloadOptions): Promise<Workloa
   const workload: Workload = { size: opts.size, dir, tasksFile, tasks: loaded.tasks, goldPredictionsFile, reposDir, envs: manifest.envs, storeDir, timingsFile, packageIndex: { url: INDEX_URL, installNetwork: 'host', serve: serveIndexes } };
 
   if (opts.docker) {
-    if (manifest.docker) {
-      workload.docker = manifest.docker;
-    } else {
-      let h: DockerHandle | undefined;
-      try {
-        h = await ensureDocker(log);
-        const store = await openStore({ root: storeDir });
-        const built = await buildDockerImages(h, loaded.tasks, manifest.envs, join(dir, 'docker-build'), new TaskEnvs({ store, installNetwork: 'host' }), log, signal);
-        manifest.docker = built.images;
-        manifest.timings.docker = built.timings;
-        writeFileSync(timingsFile, JSON.stringify(manifest.timings, null, 2) + '\n');
-        writeFileSync(manifestFile, JSON.stringify(manifest, null, 2) + '\n');
-        workload.docker = built.images;
-      } catch (err) {
-        if (!(err instanceof DockerUnavailable)) throw err;
-        workload.dockerSkipped = err.message;
-      } finally {
-        if (h) await stopDocker(h, log);
-      }
+    // Checked every time (a few `docker image inspect`s when all is there):
+    // the runner may have removed the images since (they are its to clean up).
+    let h: DockerHandle | undefined;
+    try {
+      h = await ensureDocker(log);
+      const store = await openStore({ root: storeDir });
+      const built = await buildDockerImages(h, loaded.tasks, manifest.envs, join(dir, 'docker-build'), new TaskEnvs({ store, installNetwork: 'host' }), log, signal);
+      const reusedAll = built.timings.base.reused && [...Object.values(built.timings.envs), ...Object.values(built.timings.instances)].every((i) => i.reused);
+      manifest.docker = built.images;
+      // The timings of the build that made the images, not of a check that found them.
+      if (!reusedAll || !manifest.timings.docker) manifest.timings.docker = built.timings;
+      writeFileSync(timingsFile, JSON.stringify(manifest.timings, null, 2) + '\n');
+      writeFileSync(manifestFile, JSON.stringify(manifest, null, 2) + '\n');
+      workload.docker = built.images;
+    } catch (err) {
+      if (!(err instanceof DockerUnavailable)) throw err;
+      workload.dockerSkipped = err.message;
+    } finally {
+      if (h) await stopDocker(h, log);
     }
   }
   return workload;
@@ -432,8 +464,38 @@ function mb(bytes: number): string {
   return `${(bytes / 1e6).toFixed(0)} MB`;
 }
 
+/**
+ * --check: every task's gold patch through the real pipeline, in a sandbox
+ * of its venv and (with --docker) in a container of its instance image;
+ * each must resolve. (An empty patch is never run, so never resolves.)
+ */
+async function check(w: Workload): Promise<boolean> {
+  const store = await openStore({ root: w.storeDir! });
+  const index = await w.packageIndex!.serve();
+  let ok = true;
+  try {
+    const sets: Array<[string, Task[]]> = [['sandbox', w.tasks]];
+    if (w.docker) {
+      const images = w.docker.instances;
+      sets.push(['docker', w.tasks.map((t) => ({ ...t, image: images[t.instance_id]!, isolation: 'docker' as const, repo_path: undefined }))]);
+    }
+    for (const [label, tasks] of sets) {
+      const prep = await prepareTasks(tasks, { store, installNetwork: w.packageIndex!.installNetwork });
+      const gold = tasks.map((t) => ({ instance_id: t.instance_id, model_name_or_path: 'gold', model_patch: t.patch }));
+      const { results, report } = await evaluateAll(tasks, gold, { prepared: prep.prepared, prepareFailures: prep.failures, concurrency: 2 });
+      const bad = results.filter((r) => !r.report.resolved).map((r) => r.instance_id);
+      const totals = results.map((r) => r.timings.totalMs).sort((a, b) => a - b);
+      console.log(`  check ${label}: gold resolves ${report.resolved_instances}/${tasks.length}${bad.length ? ` (not: ${bad.join(' ')})` : ''}; median evaluation ${(totals[totals.length >> 1]! / 1000).toFixed(2)} s`);
+      ok &&= bad.length === 0 && results.length === tasks.length;
+    }
+  } finally {
+    await index.close();
+  }
+  return ok;
+}
+
 async function main(): Promise<void> {
-  const { values } = parseArgs({ options: { quick: { type: 'boolean' }, docker: { type: 'boolean' }, cache: { type: 'string' } } });
+  const { values } = parseArgs({ options: { quick: { type: 'boolean' }, docker: { type: 'boolean' }, cache: { type: 'string' }, check: { type: 'boolean' } } });
   const controller = new AbortController();
   process.once('SIGINT', () => controller.abort(new Error('SIGINT')));
   const t0 = performance.now();
@@ -467,14 +529,26 @@ async function main(): Promise<void> {
       const r = await dockerRun(h, ['image', 'inspect', '--format', '{{.Size}}', image], 30_000);
       return Number(r.stdout.trim()) || 0;
     };
-    console.log(`  docker base ${w.docker.base}: ${mb(await size(w.docker.base))}`);
-    for (const [key, image] of Object.entries(w.docker.envs)) console.log(`  docker env ${image}: ${mb(await size(image))}`);
-    for (const [id, image] of Object.entries(w.docker.instances)) console.log(`  docker instance ${id}: ${image} ${mb(await size(image))}`);
+    // `docker image inspect`'s Size counts the parents' layers too: each tier's own bytes are the difference.
+    const baseSize = await size(w.docker.base);
+    console.log(`  docker base ${w.docker.base}: ${mb(baseSize)}`);
+    const envSizes = new Map<string, number>();
+    for (const [key, image] of Object.entries(w.docker.envs)) {
+      envSizes.set(key, await size(image));
+      console.log(`  docker env ${image}: ${mb(envSizes.get(key)!)} (+${mb(envSizes.get(key)! - baseSize)} over the base)`);
+    }
+    for (const env of w.envs) {
+      for (const id of env.tasks) {
+        const image = w.docker.instances[id]!;
+        console.log(`  docker instance ${image}: +${mb((await size(image)) - envSizes.get(env.key)!)} over its env image`);
+      }
+    }
     if (timings.docker) console.log(`  docker images built in ${(timings.docker.totalMs / 1000).toFixed(1)} s (base ${(timings.docker.base.ms / 1000).toFixed(1)} s${timings.docker.base.reused ? ', reused' : ''})`);
     const df = await dockerRun(h, ['system', 'df'], 60_000);
     console.log(df.stdout.trimEnd());
     await stopDocker(h, () => {});
   } else if (w.dockerSkipped) console.log(`  docker: skipped: ${w.dockerSkipped}`);
+  if (values.check && !(await check(w))) process.exitCode = 1;
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {

@@ -3,8 +3,8 @@
  * cache: real repositories made from released wheels, venvs installed from
  * the machine's local package indexes, FAIL_TO_PASS / PASS_TO_PASS derived
  * by real test runs. Then, through the real `evaluate`: the gold patch
- * resolves every task, an empty patch none, and the base commit fails the
- * task's FAIL_TO_PASS. An interrupted build is finished by the next one,
+ * resolves every task, an empty patch none (derivation has run the tests
+ * at base_commit: FAIL_TO_PASS fail there). An interrupted build is finished by the next one,
  * which reuses the venvs already in the store.
  */
 import { execFileSync } from 'node:child_process';
@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { findPython } from '../../lib/env/python.js';
 import { openStore } from '../../lib/layers/index.js';
-import { evaluate, prepareTasks, runTaskTests } from '../../lib/swe/index.js';
+import { evaluate, prepareTasks } from '../../lib/swe/index.js';
 import { loadTasks } from '../../lib/swe/tasks.js';
 import { indexesMissing } from '../../benchmarks/suite/packageIndex.js';
 import { buildWorkload } from '../../benchmarks/suite/workload.js';
@@ -33,14 +33,15 @@ suite('the suite workload (quick)', () => {
   afterAll(() => cache.remove());
 
   it('is built from nothing, also after an interrupted build, and its tasks are right', { timeout: 300_000 }, async () => {
-    // Interrupted while its tests run: the venvs and repository layers are in the store by then.
+    // Interrupted once the first venv is built (the other one is being built
+    // at the same time): the next build finishes the job and reuses that venv.
     const controller = new AbortController();
     const first = buildWorkload({
       size: 'quick',
       cacheDir: cache.path,
       signal: controller.signal,
       onProgress: (m) => {
-        if (m.includes('derive 1/')) controller.abort(new Error('interrupted by the test'));
+        if (/built venv/.test(m)) controller.abort(new Error('interrupted by the test'));
       },
     });
     await expect(first).rejects.toThrow();
@@ -50,8 +51,8 @@ suite('the suite workload (quick)', () => {
     const messages: string[] = [];
     const w = await buildWorkload({ size: 'quick', cacheDir: cache.path, onProgress: (m) => messages.push(m) });
     // The second build reused what the first had built.
-    expect(messages.filter((m) => /reused venv/.test(m))).toHaveLength(2);
-    expect(messages.some((m) => /built venv/.test(m))).toBe(false);
+    expect(messages.filter((m) => /reused venv/.test(m)).length).toBeGreaterThanOrEqual(1);
+    expect(messages.filter((m) => /(reused|built) venv/.test(m))).toHaveLength(2);
 
     expect(w.tasks.map((t) => t.instance_id).sort()).toEqual(['mpmath__mpmath-3', 'mpmath__mpmath-5', 'pytoolz__toolz-1', 'pytoolz__toolz-2']);
     expect(new Set(w.tasks.map((t) => t.repo))).toEqual(new Set(['pytoolz/toolz', 'mpmath/mpmath']));
@@ -85,8 +86,6 @@ suite('the suite workload (quick)', () => {
       expect(gold.report.resolved, `${task.instance_id} gold:\n${gold.log.slice(-2000)}`).toBe(true);
       const empty = await evaluate(task, '', { prepared });
       expect(empty.report.resolved).toBe(false);
-      const base = await runTaskTests(task, null, { prepared, timeoutMs: 120_000 });
-      for (const id of task.FAIL_TO_PASS) expect(base.statuses?.get(id), `${task.instance_id}: ${id} at base_commit`).not.toBe('PASSED');
     }
   });
 });
