@@ -32,6 +32,7 @@ export const COMMANDS: readonly CommandEntry[] = [
   { name: 'image', summary: 'Container images, daemonless: import, pull, list, remove, inspect, run', subcommands: ['import', 'pull', 'ls', 'rm', 'inspect', 'run'], load: () => import('./image.js') },
   { name: 'run', summary: 'Run a command in a new sandbox (bubblewrap-like options)', failureExit: 125, load: () => import('./run.js') },
   { name: 'doctor', summary: 'Check which kernel features work on this machine, and why not', load: () => import('./doctor.js') },
+  { name: 'bench', summary: 'The benchmark suite against Docker (a source checkout; see benchmarks/README.md)', load: () => import('./bench.js') },
   { name: 'gc', summary: 'Remove what sandboxes of dead processes left behind', load: () => import('./gc.js') },
 ];
 
