@@ -2,6 +2,7 @@ import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { makeReadOnly, type TreeCounts } from '../files/fsTree.js';
+import type { FileDigest } from '../files/unpack.js';
 import { dedupTree, type DedupOptions, type DedupResult } from './dedup.js';
 import { LayerError } from './errors.js';
 import { PATH_CHAR, findPrefix, isPyc, scanForPrefix, type PrefixFile, type PrefixFileKind } from './relocate.js';
@@ -48,6 +49,14 @@ export interface FinishOptions {
   dedup?: DedupOptions;
   /** Absolute build prefix to scan for. */
   prefix?: string;
+  /**
+   * Content of files already hashed as they were written (extractArchive's
+   * hashFiles), by path relative to the tree: such a file is not read
+   * again, unless the prefix scan must read it anyway, or its size is not
+   * the one recorded (then it is read, and that hash counts). Only for a
+   * tree nothing else has written since (the store's private staging tree).
+   */
+  known?: Map<string, FileDigest>;
 }
 
 export interface FinishResult {
@@ -89,6 +98,8 @@ export async function finishTreeByWalks(tree: string, opts: FinishOptions): Prom
  * of prefix match found ('' for none or no scan).
  */
 type Row = [string, number, number, string, number, number, string, string, string, PrefixFileKind | '', WireError?];
+/** Files of one directory already hashed: name -> [sha256, size]. */
+type KnownDigests = Record<string, [string, number]>;
 /** A directory's rows, or why it could not be listed. */
 type DirResult = Row[] | { error: WireError };
 /** Link one file to its dedup object: rel, key, ino, dev, size, its index in walk order. */
@@ -97,7 +108,7 @@ type LinkJob = [string, string, string, string, number, number];
 type LinkResult = DedupResult & { failed?: { at: number; error: WireError } };
 
 type Request =
-  | { op: 'dirs'; root: string; prefix: string | undefined; dirs: string[] }
+  | { op: 'dirs'; root: string; prefix: string | undefined; dirs: string[]; known?: Array<KnownDigests | undefined> }
   | { op: 'link'; root: string; objectsDir: string; maxLinks: number; jobs: LinkJob[] }
   | { op: 'chmodDirs'; root: string; dirs: Array<[string, number]> };
 
@@ -209,9 +220,10 @@ function workerMain({ fs, path, crypto, parentPort, findPrefix, isPyc, finalMode
   // scanForPrefix's rules: symlinks are always scanned, .pyc files never.
   // Failures are returned, not thrown, so that the caller reports the first
   // in walk order, whichever worker met it first (see finishTree).
-  const dirs = (root: string, prefix: string | undefined, rels: string[]): DirResult[] => {
+  const dirs = (root: string, prefix: string | undefined, rels: string[], known?: Array<KnownDigests | undefined>): DirResult[] => {
     const needle = prefix === undefined ? undefined : Buffer.from(prefix);
-    return rels.map((rel): DirResult => {
+    return rels.map((rel, k): DirResult => {
+      const hashed = known?.[k];
       const dir = rel === '' ? root : path.join(root, rel);
       let listed: Array<[string, import('node:fs').BigIntStats]>;
       try {
@@ -226,8 +238,15 @@ function workerMain({ fs, path, crypto, parentPort, findPrefix, isPyc, finalMode
         let found: PrefixFileKind | '' = '';
         let error: WireError | undefined;
         try {
-          if ((mode & 0o170000) === 0o100000) {
-            [content, found] = readFile(abs, mode, isPyc(name) ? undefined : needle);
+          const pyc = isPyc(name);
+          const was = hashed && Object.hasOwn(hashed, name) ? hashed[name] : undefined;
+          if ((mode & 0o170000) === 0o100000 && was && was[1] === Number(st.size) && (!needle || pyc)) {
+            // Hashed as tar wrote it: only the mode to set.
+            const want = finalMode(mode);
+            if (want !== (mode & 0o7777)) fs.chmodSync(abs, want);
+            content = was[0];
+          } else if ((mode & 0o170000) === 0o100000) {
+            [content, found] = readFile(abs, mode, pyc ? undefined : needle);
           } else if ((mode & 0o170000) === 0o120000) {
             content = fs.readlinkSync(abs);
             if (needle && findPrefix(fs.readlinkSync(abs, { encoding: 'buffer' }), needle, 0) !== -1) found = 'symlink';
@@ -317,7 +336,7 @@ function workerMain({ fs, path, crypto, parentPort, findPrefix, isPyc, finalMode
     let reply: Reply;
     try {
       const ok =
-        msg.op === 'dirs' ? dirs(msg.root, msg.prefix, msg.dirs)
+        msg.op === 'dirs' ? dirs(msg.root, msg.prefix, msg.dirs, msg.known)
         : msg.op === 'link' ? link(msg.root, msg.objectsDir, msg.maxLinks, msg.jobs)
         : chmodDirs(msg.root, msg.dirs);
       reply = { id: msg.id, ok };
@@ -451,6 +470,15 @@ const DIRS_PER_JOB = 16;
 export async function finishTree(tree: string, opts: FinishOptions): Promise<FinishResult> {
   const ws = workers();
   const rootSt = await fsp.lstat(tree, { bigint: true });
+  // Known digests by directory, sent with the directories they are in.
+  const knownByDir = new Map<string, KnownDigests>();
+  for (const [rel, d] of opts.known ?? []) {
+    const slash = rel.lastIndexOf('/');
+    const dir = slash === -1 ? '' : rel.slice(0, slash);
+    let m = knownByDir.get(dir);
+    if (!m) knownByDir.set(dir, (m = Object.create(null) as KnownDigests));
+    m[rel.slice(slash + 1)] = [d.sha256, d.size];
+  }
 
   // Directories are read by whichever worker is free (two messages in
   // flight each, so none waits on the main thread); each result queues the
@@ -475,7 +503,8 @@ export async function finishTree(tree: string, opts: FinishOptions): Promise<Fin
       const dirs = queue.splice(queue.length - take, take);
       inFlight++;
       try {
-        const got = await w.call<DirResult[]>({ op: 'dirs', root: tree, prefix: opts.prefix, dirs });
+        const known = knownByDir.size > 0 ? dirs.map((d) => knownByDir.get(d)) : undefined;
+        const got = await w.call<DirResult[]>({ op: 'dirs', root: tree, prefix: opts.prefix, dirs, ...(known ? { known } : {}) });
         dirs.forEach((rel, k) => {
           const list = got[k]!;
           rows.set(rel, list);
