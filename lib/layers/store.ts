@@ -12,11 +12,11 @@ import { acquireLock, tryLock, type FileLock } from '../files/lock.js';
 import { processIsAlive, run, selfStartTime } from '../files/proc.js';
 import { IoBudget, type BudgetOptions, type BudgetProgress } from './budget.js';
 import { gcObjects, type DedupOptions, type DedupResult } from './dedup.js';
-import { finishTree, finishTreeByWalks } from './finish.js';
+import { finishTree, finishTreeByWalks, treeListingInWorkers } from './finish.js';
 import { LayerError } from './errors.js';
 import { checkOwner, isLive, pinRequest, readPin, readPins, removePin, withPinsLock, writePin, type Pin, type PinOptions, type PinRequest } from './pins.js';
 import { type PrefixFile } from './relocate.js';
-import { LISTING_FILE, compareListings, listingText, treeListing, type HashCache, type LayerProblem, type ListingEntry, type ListingResult } from './verify.js';
+import { LISTING_FILE, compareListings, listingText, type HashCache, type LayerProblem, type ListingEntry, type ListingResult } from './verify.js';
 
 /**
  * Content-addressed store of read-only layer trees.
@@ -256,7 +256,7 @@ export class LayerStore {
 
   /** The listing of an image layer's tree, read where its owners' files can be read. */
   private async imageListing(tree: string, owners: string | undefined, cache?: HashCache): Promise<ListingResult> {
-    if (owners !== 'range' || !this.listForeign) return treeListing(tree, cache ? { cache } : {});
+    if (owners !== 'range' || !this.listForeign) return treeListingInWorkers(tree, cache ? { cache } : {});
     return listingText(await this.listForeign(tree));
   }
 
@@ -666,7 +666,9 @@ export class LayerStore {
    * listing recorded when it was built: every file's content, size, mode and
    * mtime, every directory's mode, every symlink's target, nothing missing
    * and nothing added; and the manifest and listing themselves. Files shared
-   * by dedup are read once. Each layer is checked under its build lock, so a
+   * by dedup are read once. The trees are read in finishing's worker pool
+   * (treeListingInWorkers), never from hashes made at build time: verify
+   * trusts nothing but the bytes on disk now. Each layer is checked under its build lock, so a
    * concurrent remove waits and gc leaves it for its next run. Throws for a
    * named layer that is not in the store.
    */
@@ -718,7 +720,7 @@ export class LayerStore {
         recorded = text.split('\n').filter(Boolean).map((l) => JSON.parse(l) as ListingEntry);
       }
     }
-    const listed = m.sourceKind === 'image-layer' ? this.imageListing(layer.path, m.owners, cache) : treeListing(layer.path, { cache });
+    const listed = m.sourceKind === 'image-layer' ? this.imageListing(layer.path, m.owners, cache) : treeListingInWorkers(layer.path, { cache });
     const now = await listed.catch((err: unknown) => {
       check.problems.push({ path: '.', what: 'unreadable', actual: (err as Error).message });
       return undefined;
