@@ -394,6 +394,7 @@ export async function checkedUnpack(spec: CheckedUnpackSpec): Promise<CheckedUnp
     }
     const onAbort = (): void => killAll();
     spec.signal?.addEventListener('abort', onAbort, { once: true });
+    if (spec.signal?.aborted) killAll();
 
     worker = takeWorker();
     const w = worker;
@@ -413,11 +414,12 @@ export async function checkedUnpack(spec: CheckedUnpackSpec): Promise<CheckedUnp
     worker = undefined;
 
     const reply = settled[0]!;
-    // The checker's refusal names the member: it comes first; then an abort;
-    // then tar's or the decompressor's own failure; then the worker's.
+    // An abort first: the processes it killed leave a truncated stream that
+    // the checker would report. Then the checker's refusal, which names the
+    // member; then tar's or the decompressor's own failure; then the worker's.
+    if (spec.signal?.aborted) throw new FileError(`${label}: extraction aborted`);
     if (reply.status === 'rejected' && (reply.reason as UnpackReply & { error?: { refusal: boolean } }).error?.refusal)
       throw new FileError((reply.reason as { error: { message: string } }).error.message);
-    if (spec.signal?.aborted) throw new FileError(`${label}: extraction aborted`);
     for (const s of settled.slice(1)) if (s.status === 'rejected') throw s.reason;
     if (reply.status === 'rejected') {
       const r = reply.reason as { error?: { message: string } };

@@ -526,6 +526,22 @@ describe('extractArchive: content hashes made during the unpack (hashFiles)', ()
     expect(readdirSync(d2)).toEqual([]);
   });
 
+  it('stops when aborted, kills its processes and says so', async () => {
+    // 256 MiB of zeros: a tiny archive that takes a while to write out.
+    const archive = path.join(t.dir, 'zeros.tar.zst');
+    execFileSync('sh', ['-c', `cd '${t.dir}' && head -c ${256 << 20} /dev/zero > zeros.bin && tar -cf - zeros.bin | zstd -q -o '${archive}' && rm zeros.bin`]);
+    const dest = path.join(t.dir, 'aborted');
+    mkdirSync(dest);
+    const ac = new AbortController();
+    setTimeout(() => ac.abort(), 50);
+    const before = execFileSync('sh', ['-c', 'pgrep -c -P $PPID || true'], { encoding: 'utf8' });
+    await expect(extractArchive(archive, dest, { signal: ac.signal, hashFiles: true })).rejects.toThrow(/zeros\.tar\.zst: extraction aborted$/);
+    expect(execFileSync('sh', ['-c', 'pgrep -c -P $PPID || true'], { encoding: 'utf8' })).toBe(before); // no zstd or tar left
+    const already = new AbortController();
+    already.abort();
+    await expect(extractArchive(archive, dest, { signal: already.signal })).rejects.toThrow(/extraction aborted/);
+  });
+
   it('does not keep the process alive once done (the idle unpack worker is unreferenced)', () => {
     const lib = transpiledLayers(path.join(t.dir, 'transpiled'));
     const archive = makeTar(path.join(t.dir, 'alive.tar'), [{ type: 'file', name: 'f', data: 'x' }]);
