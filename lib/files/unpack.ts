@@ -207,8 +207,8 @@ ${tarCheckSource()}
 // ---------------------------------------------------------------------------
 // Workers: one per unpack in progress (each is busy for the whole unpack),
 // kept while in use; idle ones do not keep the process alive and are
-// stopped after IDLE_MS. Starting a worker costs some 30 ms, a tenth of a
-// small layer's unpack.
+// stopped after IDLE_MS: starting a worker (a new V8 isolate) costs tens
+// of milliseconds, which a run of small layers would otherwise pay each time.
 
 const IDLE_MS = 10_000;
 
