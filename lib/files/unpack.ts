@@ -222,7 +222,6 @@ class UnpackWorker {
   constructor() {
     // A data: URL is always an ES module, whatever --input-type the process was started with.
     this.worker = new Worker(new URL(`data:text/javascript,${encodeURIComponent(workerSource())}`), { name: 'minisandbox-unpack' });
-    this.worker.unref();
     this.worker.on('message', (r: UnpackReply) => {
       const p = this.pending;
       if (!p || p.id !== r.id) return;
@@ -237,6 +236,10 @@ class UnpackWorker {
     };
     this.worker.on('error', fail);
     this.worker.on('exit', (code) => fail(new Error(`exited with code ${code}`)));
+    // Unreferenced once its listeners are on: adding a 'message' listener
+    // references the worker's port again, and a worker never called would
+    // then keep the process alive until the idle timeout.
+    this.worker.unref();
   }
 
   call(req: Omit<UnpackRequest, 'id'>): Promise<UnpackReply> {

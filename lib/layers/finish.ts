@@ -408,7 +408,6 @@ class PoolWorker {
   constructor(private readonly onIdle: () => void) {
     // A data: URL is always an ES module, whatever --input-type the process was started with (eval: true would follow it).
     this.worker = new Worker(new URL(`data:text/javascript,${encodeURIComponent(WORKER_SOURCE)}`), { name: 'minisandbox-finish' });
-    this.worker.unref();
     this.worker.on('message', (r: Reply) => {
       const p = this.pending.get(r.id);
       if (!p) return;
@@ -427,6 +426,10 @@ class PoolWorker {
     };
     this.worker.on('error', fail);
     this.worker.on('exit', (code) => fail(new Error(`exited with code ${code}`)));
+    // Unreferenced once its listeners are on: adding a 'message' listener
+    // references the worker's port again, and a worker never called would
+    // then keep the process alive until the idle timeout.
+    this.worker.unref();
   }
 
   call<T>(req: Request): Promise<T> {

@@ -188,6 +188,16 @@ describe('layer finishing in workers', () => {
     expect(r.stdout.trim()).toBe(execFileSync('sh', ['-c', `find ${tree} -type f | wc -l`], { encoding: 'utf8' }).trim());
     // The pool stops idle workers after 10 s; the process must not wait for that.
     expect(Date.now() - started).toBeLessThan(8_000);
+    // A tree of one directory: most workers are never called (store verify of a small layer, as the CLI runs it).
+    const small = path.join(t.dir, 'alive-small');
+    writeTree(small, { 'only.txt': 'x' });
+    const listing = `import { treeListingInWorkers } from ${JSON.stringify(path.join(lib, 'layers', 'finish.js'))};
+      console.log((await treeListingInWorkers(${JSON.stringify(small)})).files);`;
+    const t0 = Date.now();
+    const r2 = spawnSync(process.execPath, ['--input-type=module', '-e', listing], { encoding: 'utf8', timeout: 20_000 });
+    expect(r2.stderr).toBe('');
+    expect(r2.stdout.trim()).toBe('1');
+    expect(Date.now() - t0).toBeLessThan(8_000);
   });
 });
 
