@@ -8,6 +8,7 @@ import { codeOf } from '../errors.js';
 import { FileError } from './errors.js';
 import { removeTree } from './fsTree.js';
 import { TarChecker } from './tarCheck.js';
+import { checkedUnpack, type FileDigest } from './unpack.js';
 
 export type Compression = 'zstd' | 'gzip' | 'none';
 
@@ -43,6 +44,11 @@ export interface ExtractOptions {
    * not defended against: they could rewrite the layers too.)
    */
   expectDigest?: string;
+  /**
+   * Hash each regular file's content as it passes to tar, and return the
+   * digests (ArchiveExtractResult.digests). Costs no extra read of the tree.
+   */
+  hashFiles?: boolean;
 }
 
 export interface ExtractResult {
@@ -50,13 +56,22 @@ export interface ExtractResult {
   archiveBytes: number;
 }
 
+export interface ArchiveExtractResult extends ExtractResult {
+  /**
+   * With hashFiles: sha256 and size of every path the archive leaves as a
+   * regular file (relative to `dest`, 'a/b/c'); see unpack.ts. Paths whose
+   * names are not UTF-8 are left out.
+   */
+  digests?: Map<string, FileDigest>;
+}
+
 /**
  * Unpack `archive` into the existing, empty directory `dest` with GNU tar.
  *
- * Data path: Node reads the archive (for progress), the decompressor
- * (`zstd -dc` / `gzip -dc`) runs as its own process, and its output passes
- * through TarChecker, which refuses hostile members *before* tar sees their
- * header. Then `tar -x` writes the files. GNU tar does the writing because it is
+ * Data path (unpack.ts): the decompressor (`zstd -dc` / `gzip -dc`) reads
+ * the archive's open file itself, and its output passes through TarCheck in
+ * a worker thread, which refuses hostile members *before* tar sees their
+ * header (and hashes files with `hashFiles`). Then `tar -x` writes the files. GNU tar does the writing because it is
  * 20-35x faster than node-tar on many small files. It also keeps mtimes, so
  * timestamp-based .pyc files stay valid.
  *
@@ -76,7 +91,7 @@ export interface ExtractResult {
  * On error `dest` may hold a partial tree; the caller unpacks into a staging
  * directory and deletes it.
  */
-export async function extractArchive(archive: string, dest: string, opts: ExtractOptions = {}): Promise<ExtractResult> {
+export async function extractArchive(archive: string, dest: string, opts: ExtractOptions = {}): Promise<ArchiveExtractResult> {
   const label = `layer archive ${archive}`;
   const want = opts.expectDigest === undefined ? undefined : opts.expectDigest.replace(/^sha256:/, '');
   if (want !== undefined && !/^[0-9a-f]{64}$/.test(want))
@@ -96,30 +111,19 @@ export async function extractArchive(archive: string, dest: string, opts: Extrac
         throw new FileError(`${label}: sha256 is ${got}, not the expected ${want}: the archive changed after it was stored; nothing was unpacked`);
     }
     const total = st.size;
-    let progressed = 0;
     let lastReport = 0;
-    const counter = new Transform({
-      transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback) {
-        progressed += chunk.length;
-        if (opts.onProgress && (progressed - lastReport >= 1 << 20 || progressed === total)) {
-          lastReport = progressed;
-          opts.onProgress(progressed, total);
-        }
-        cb(null, chunk);
-      },
-    });
-    const checker = new TarChecker(archive);
-    await unpack({
-      input: fh.createReadStream({ start: 0, highWaterMark: 1 << 20, autoClose: false }),
-      counter,
+    const { members, digests } = await checkedUnpack({
+      fd: fh.fd,
       compression,
-      checker,
       tarArgs: ['-C', dest, '--no-same-owner'],
+      archiveName: archive,
       label,
+      ...(opts.hashFiles ? { hashFiles: true } : {}),
+      ...(opts.onProgress ? { onProgress: (done: number) => opts.onProgress?.((lastReport = done), total) } : {}),
       ...(opts.signal ? { signal: opts.signal } : {}),
     });
     if (opts.onProgress && lastReport !== total) opts.onProgress(total, total);
-    return { members: checker.members, archiveBytes: total };
+    return { members, archiveBytes: total, ...(digests ? { digests } : {}) };
   } finally {
     await fh.close();
   }

@@ -14,12 +14,14 @@ export {
   type Compression,
   type ExtractOptions,
   type ExtractResult,
+  type ArchiveExtractResult,
   type UntrustedExtractOptions,
   type ImageLayerExtractOptions,
   type ImageLayerExtractResult,
   type TarSpawner,
   type PackOptions,
 } from './extract.js';
+export { stopUnpackWorkers, type FileDigest } from './unpack.js';
 export { acquireLock, withLock, type FileLock, type LockOptions } from './lock.js';
 export { removeTree } from './fsTree.js';
 export { createLimiter, type Limiter } from './limit.js';

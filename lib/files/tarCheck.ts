@@ -73,8 +73,31 @@ const MAX_SYMLINKS = 40;
 /** symlink(2) refuses longer targets. */
 const PATH_MAX = 4096;
 
-export class TarChecker extends Transform {
+/**
+ * What a checker reports about regular files as their data passes (the
+ * extractor's content hashes): a file member's header, its data bytes
+ * (padding left out), the end of its data; a hard link member; a name that
+ * stops being a regular file (a symlink member replacing it).
+ */
+export interface TarMemberWatch {
+  file(name: string, size: number): void;
+  data(bytes: Buffer): void;
+  done(): void;
+  link(name: string, target: string): void;
+  gone(name: string): void;
+}
+
+/**
+ * The checker itself, without a stream: bytes in through consume(), checked
+ * bytes out through `out`, `end` at the end of the archive, refusals thrown
+ * as `refuse(message)` makes them. It uses nothing of this module but its
+ * own helpers (below), so the extractor's worker thread runs the same
+ * source (see unpack.ts); TarChecker wraps it as a Transform.
+ */
+export class TarCheck {
   private buf: Buffer = Buffer.alloc(0);
+  /** Data bytes (no padding) of the current regular file member still to come, for `watch`. */
+  private dataLeft = 0;
   /** Bytes of member data (plus padding) still to pass through untouched. */
   private skip = 0;
   /** Data of a pax / GNU longname member being collected. */
@@ -119,43 +142,40 @@ export class TarChecker extends Transform {
   /** 'overlay' mode: each directory member's header and pax records, re-emitted when the directory is made opaque. */
   private readonly dirHeaders = new Map<string, { block: Buffer; pax: Map<string, string> }>();
 
-  constructor(archiveName: string, opts: TarCheckOptions = {}) {
-    super();
+  constructor(
+    archiveName: string,
+    opts: TarCheckOptions,
+    private readonly out: (bytes: Buffer) => void,
+    private readonly end: () => void,
+    private readonly refuse: (message: string) => Error,
+    private readonly watch?: TarMemberWatch,
+  ) {
     this.label = opts.label ?? `layer archive ${archiveName}`;
     this.destination = opts.destination ?? 'the layer';
     this.symlinkPolicy = opts.symlinks ?? 'anywhere';
     this.image = opts.whiteouts === 'overlay';
   }
 
-  override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
-    try {
-      this.consume(chunk);
-      cb();
-    } catch (err) {
-      cb(err as Error);
-    }
+  /** The input has ended: throws if it ended inside a member, or (symlinks: 'inside') if a symlink leaves. */
+  finish(): void {
+    if (!this.ended && (this.skip > 0 || this.collecting || this.buf.length > 0))
+      throw this.refuse(`${this.label}: truncated tar stream at byte ${this.offset}`);
+    this.checkAllSymlinks();
   }
 
-  override _flush(cb: TransformCallback): void {
-    if (!this.ended && (this.skip > 0 || this.collecting || this.buf.length > 0)) {
-      cb(new FileError(`${this.label}: truncated tar stream at byte ${this.offset}`));
-      return;
-    }
-    try {
-      this.checkAllSymlinks();
-      cb();
-    } catch (err) {
-      cb(err as Error);
-    }
-  }
-
-  private consume(chunk: Buffer): void {
+  consume(chunk: Buffer): void {
     if (this.ended) return; // past end-of-archive: GNU tar stops reading too
     let pos = 0;
     while (pos < chunk.length && !this.ended) {
       if (this.skip > 0) {
         const n = Math.min(this.skip, chunk.length - pos);
-        this.push(chunk.subarray(pos, pos + n));
+        this.out(chunk.subarray(pos, pos + n));
+        if (this.dataLeft > 0) {
+          const d = Math.min(n, this.dataLeft);
+          this.watch!.data(chunk.subarray(pos, pos + d));
+          this.dataLeft -= d;
+          if (this.dataLeft === 0) this.watch!.done();
+        }
         this.skip -= n;
         this.offset += n;
         pos += n;
@@ -168,7 +188,7 @@ export class TarChecker extends Transform {
         if (dataPart > 0) c.parts.push(Buffer.from(chunk.subarray(pos, pos + dataPart)));
         c.need -= dataPart;
         c.pad -= n - dataPart;
-        if (!this.image) this.push(chunk.subarray(pos, pos + n));
+        if (!this.image) this.out(chunk.subarray(pos, pos + n));
         this.offset += n;
         pos += n;
         if (c.need === 0 && c.pad === 0) {
@@ -191,7 +211,7 @@ export class TarChecker extends Transform {
 
   private fail(member: string | undefined, reason: string): never {
     const what = member === undefined ? '' : ` member ${displayName(member)}`;
-    throw new FileError(`${this.label}:${what} ${reason}`);
+    throw this.refuse(`${this.label}:${what} ${reason}`);
   }
 
   private header(block: Buffer): void {
@@ -200,14 +220,14 @@ export class TarChecker extends Transform {
       // tar may treat this block as the end and finish (creating its delayed
       // symlinks): the whole-archive check must pass before it gets it.
       this.checkAllSymlinks();
-      this.push(block);
+      this.out(block);
       this.offset += 512;
       this.zeroBlocks++;
       if (this.zeroBlocks >= 2) {
         // End of archive. GNU tar stops here; anything after is never read,
         // so it is neither checked nor passed on.
         this.ended = true;
-        this.push(null);
+        this.end();
       }
       return;
     }
@@ -215,7 +235,7 @@ export class TarChecker extends Transform {
       // GNU tar ends the archive at a lone zero block too (with a warning):
       // what follows is never extracted, so it is not passed on either.
       this.ended = true;
-      this.push(null);
+      this.end();
       return;
     }
     if (!checksumOk(block)) this.fail(undefined, `bad tar header checksum at byte ${at} (corrupt or not a tar archive)`);
@@ -231,7 +251,7 @@ export class TarChecker extends Transform {
 
     if (type === 'x' || type === 'g' || type === 'L' || type === 'K') {
       if (size > 1 << 20) this.fail(undefined, `${type} extended header of ${size} bytes at byte ${at} is too large`);
-      if (!this.image) this.push(block);
+      if (!this.image) this.out(block);
       this.offset += 512;
       this.collecting = { kind: type, need: size, pad: padOf(size), parts: [] };
       if (size === 0) {
@@ -283,7 +303,7 @@ export class TarChecker extends Transform {
         if (name === '') this.fail(rawName, `is a symlink in place of ${this.destination}'s root`);
         if (rawLink === '') this.fail(rawName, 'is a symlink with an empty target');
         if (this.dirs.has(name)) this.fail(rawName, 'replaces a directory with a symlink');
-        this.files.delete(name);
+        if (this.files.delete(name)) this.watch?.gone(name);
         this.symlinks.set(name, { raw: rawName, target: rawLink });
         if (this.symlinkPolicy === 'inside') {
           let node = this.trie;
@@ -311,6 +331,7 @@ export class TarChecker extends Transform {
         this.files.add(name);
         this.linked.add(name);
         this.linked.add(target);
+        this.watch?.link(name, target);
         break;
       }
       case 'S':
@@ -328,12 +349,17 @@ export class TarChecker extends Transform {
       out = withMode(block, mode % 0o10000 & ~0o6000);
     }
     if (this.image) {
-      if (pax.size > 0) this.push(paxHeader('x', pax));
+      if (pax.size > 0) this.out(paxHeader('x', pax));
       if (type === '5') this.dirHeaders.set(name, { block: Buffer.from(out), pax });
     }
-    this.push(out);
+    this.out(out);
     this.offset += 512;
     this.skip = size + padOf(size);
+    if (this.watch && (type === '0' || type === '\0' || type === '7')) {
+      this.watch.file(name, size);
+      this.dataLeft = size;
+      if (size === 0) this.watch.done();
+    }
   }
 
   private finishCollected(kind: 'x' | 'g' | 'L' | 'K', data: Buffer): void {
@@ -350,7 +376,7 @@ export class TarChecker extends Transform {
         // Dropped, never passed on: the archive's own xattrs, ACLs and labels.
         for (const key of [...recs.keys()]) if (DROPPED_PAX.some((pre) => key.startsWith(pre))) recs.delete(key);
         if (kind === 'g') {
-          if (recs.size > 0) this.push(paxHeader('g', recs));
+          if (recs.size > 0) this.out(paxHeader('g', recs));
         } else for (const [k, v] of recs) this.heldPax.set(k, v);
       }
       if (kind === 'x') {
@@ -405,8 +431,8 @@ export class TarChecker extends Transform {
       }
       pax.set('path', dir === '' ? './' : `${dir}/`);
       pax.set('SCHILY.xattr.user.overlay.opaque', 'y');
-      this.push(paxHeader('x', pax));
-      this.push(header);
+      this.out(paxHeader('x', pax));
+      this.out(header);
       this.dirs.add(dir);
       this.addParents(dir);
       this.opaqueDirs++;
@@ -418,9 +444,10 @@ export class TarChecker extends Transform {
       if (this.linked.has(victim)) this.fail(rawName, 'replaces a hard link or the target of one (it would be written through the shared inode)');
       if (this.symlinks.has(victim) || this.files.has(victim) || this.dirs.has(victim))
         this.fail(rawName, `deletes ${displayName(victim)}, which this same layer adds`);
-      this.push(paxHeader('x', new Map([['path', victim]])));
-      this.push(withFields(block, { type: '3', mode: 0, size: 0, uid: 0, gid: 0, name: victim, dev: 0 }));
+      this.out(paxHeader('x', new Map([['path', victim]])));
+      this.out(withFields(block, { type: '3', mode: 0, size: 0, uid: 0, gid: 0, name: victim, dev: 0 }));
       this.files.add(victim);
+      this.watch?.gone(victim);
       this.addParents(victim);
       this.whiteouts++;
     }
@@ -517,6 +544,54 @@ export class TarChecker extends Transform {
   }
 }
 
+/** TarCheck as a Transform: checked bytes are pushed on, refusals are stream errors (FileError). */
+export class TarChecker extends Transform {
+  private readonly check: TarCheck;
+
+  constructor(archiveName: string, opts: TarCheckOptions = {}) {
+    super();
+    this.check = new TarCheck(
+      archiveName,
+      opts,
+      (b) => this.push(b),
+      () => this.push(null),
+      (message) => new FileError(message),
+    );
+  }
+
+  /** Members checked so far (for the caller's statistics). */
+  get members(): number {
+    return this.check.members;
+  }
+  get setidCleared(): number {
+    return this.check.setidCleared;
+  }
+  get whiteouts(): number {
+    return this.check.whiteouts;
+  }
+  get opaqueDirs(): number {
+    return this.check.opaqueDirs;
+  }
+
+  override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
+    try {
+      this.check.consume(chunk);
+      cb();
+    } catch (err) {
+      cb(err as Error);
+    }
+  }
+
+  override _flush(cb: TransformCallback): void {
+    try {
+      this.check.finish();
+      cb();
+    } catch (err) {
+      cb(err as Error);
+    }
+  }
+}
+
 /** Symlink members' paths, one node per component, so a walk costs O(1) a step. */
 interface TrieNode {
   children: Map<string, TrieNode>;
@@ -604,15 +679,18 @@ function isZero(block: Buffer): boolean {
 function checksumOk(block: Buffer): boolean {
   const stored = parseNumeric(block.subarray(148, 156));
   if (stored === undefined) return false;
-  let unsigned = 0;
-  let signed = 0;
+  // The checksum field counts as eight spaces. One pass: the signed sum
+  // differs from the unsigned one by 256 for each byte above 127.
+  let unsigned = 8 * 32;
+  let high = 0;
   for (let i = 0; i < 512; i++) {
-    const b = i >= 148 && i < 156 ? 32 : (block[i] ?? 0);
+    if (i === 148) i = 156;
+    const b = block[i]!;
     unsigned += b;
-    signed += b > 127 ? b - 256 : b;
+    if (b > 127) high++;
   }
   // Old tars summed signed chars; GNU tar accepts either.
-  return stored === unsigned || stored === signed;
+  return stored === unsigned || stored === unsigned - 256 * high;
 }
 
 /** Octal (NUL/space terminated) or GNU base-256 numeric field. */
@@ -624,6 +702,18 @@ function parseNumeric(field: Buffer): number | undefined {
     for (let i = 1; i < field.length; i++) v = v * 256 + (field[i] ?? 0);
     return v;
   }
+  // Fast path, the usual field: spaces, octal digits, spaces, up to a NUL
+  // or the end. Anything else takes the general rule below.
+  let i = 0;
+  const n = field.length;
+  while (i < n && field[i] === 0x20) i++;
+  let v = 0;
+  while (i < n && field[i]! >= 0x30 && field[i]! <= 0x37) {
+    v = v * 8 + (field[i]! - 0x30);
+    i++;
+  }
+  while (i < n && field[i] === 0x20) i++;
+  if (i === n || field[i] === 0) return v;
   const s = field.toString('latin1').replace(/\0.*$/s, '').trim();
   if (s === '') return 0;
   if (!/^[0-7]+$/.test(s)) return undefined;
@@ -662,4 +752,19 @@ function displayName(latin1: string): string {
 
 function printable(s: string): string {
   return s.replace(/[\x00-\x1f\x7f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, '0')}`);
+}
+
+/**
+ * TarCheck and everything it uses, as JavaScript source that defines them in
+ * a module of its own (the extractor's worker thread: unpack.ts). Built from
+ * the functions themselves, so the worker runs exactly this file's checks.
+ */
+export function tarCheckSource(): string {
+  return [
+    `const MAX_SYMLINKS = ${MAX_SYMLINKS};`,
+    `const PATH_MAX = ${PATH_MAX};`,
+    `const DROPPED_PAX = ${JSON.stringify(DROPPED_PAX)};`,
+    ...[withMode, withFields, withChecksum, paxHeader, padOf, isZero, checksumOk, parseNumeric, cString, parsePax, displayName, printable].map((f) => f.toString()),
+    TarCheck.toString(),
+  ].join('\n');
 }

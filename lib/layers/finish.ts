@@ -2,10 +2,11 @@ import { promises as fsp } from 'node:fs';
 import os from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { makeReadOnly, type TreeCounts } from '../files/fsTree.js';
+import type { FileDigest } from '../files/unpack.js';
 import { dedupTree, type DedupOptions, type DedupResult } from './dedup.js';
 import { LayerError } from './errors.js';
 import { PATH_CHAR, findPrefix, isPyc, scanForPrefix, type PrefixFile, type PrefixFileKind } from './relocate.js';
-import { treeListing, type ListingEntry } from './verify.js';
+import { listingText, treeListing, type HashCache, type ListingEntry, type ListingResult } from './verify.js';
 
 /**
  * Finishing a layer's tree before it is published: scan for the build prefix,
@@ -48,6 +49,14 @@ export interface FinishOptions {
   dedup?: DedupOptions;
   /** Absolute build prefix to scan for. */
   prefix?: string;
+  /**
+   * Content of files already hashed as they were written (extractArchive's
+   * hashFiles), by path relative to the tree: such a file is not read
+   * again, unless the prefix scan must read it anyway, or its size is not
+   * the one recorded (then it is read, and that hash counts). Only for a
+   * tree nothing else has written since (the store's private staging tree).
+   */
+  known?: Map<string, FileDigest>;
 }
 
 export interface FinishResult {
@@ -89,6 +98,8 @@ export async function finishTreeByWalks(tree: string, opts: FinishOptions): Prom
  * of prefix match found ('' for none or no scan).
  */
 type Row = [string, number, number, string, number, number, string, string, string, PrefixFileKind | '', WireError?];
+/** Files of one directory already hashed: name -> [sha256, size]. */
+type KnownDigests = Record<string, [string, number]>;
 /** A directory's rows, or why it could not be listed. */
 type DirResult = Row[] | { error: WireError };
 /** Link one file to its dedup object: rel, key, ino, dev, size, its index in walk order. */
@@ -97,7 +108,8 @@ type LinkJob = [string, string, string, string, number, number];
 type LinkResult = DedupResult & { failed?: { at: number; error: WireError } };
 
 type Request =
-  | { op: 'dirs'; root: string; prefix: string | undefined; dirs: string[] }
+  | { op: 'dirs'; root: string; prefix: string | undefined; dirs: string[]; known?: Array<KnownDigests | undefined>; list?: boolean }
+  | { op: 'hash'; files: string[] }
   | { op: 'link'; root: string; objectsDir: string; maxLinks: number; jobs: LinkJob[] }
   | { op: 'chmodDirs'; root: string; dirs: Array<[string, number]> };
 
@@ -209,9 +221,12 @@ function workerMain({ fs, path, crypto, parentPort, findPrefix, isPyc, finalMode
   // scanForPrefix's rules: symlinks are always scanned, .pyc files never.
   // Failures are returned, not thrown, so that the caller reports the first
   // in walk order, whichever worker met it first (see finishTree).
-  const dirs = (root: string, prefix: string | undefined, rels: string[]): DirResult[] => {
+  // With `list` (verify): nothing is changed and files are not read (their
+  // content is hashed afterwards, once per inode: see treeListingInWorkers).
+  const dirs = (root: string, prefix: string | undefined, rels: string[], known?: Array<KnownDigests | undefined>, list?: boolean): DirResult[] => {
     const needle = prefix === undefined ? undefined : Buffer.from(prefix);
-    return rels.map((rel): DirResult => {
+    return rels.map((rel, k): DirResult => {
+      const hashed = known?.[k];
       const dir = rel === '' ? root : path.join(root, rel);
       let listed: Array<[string, import('node:fs').BigIntStats]>;
       try {
@@ -226,8 +241,17 @@ function workerMain({ fs, path, crypto, parentPort, findPrefix, isPyc, finalMode
         let found: PrefixFileKind | '' = '';
         let error: WireError | undefined;
         try {
-          if ((mode & 0o170000) === 0o100000) {
-            [content, found] = readFile(abs, mode, isPyc(name) ? undefined : needle);
+          const pyc = isPyc(name);
+          const was = hashed && Object.hasOwn(hashed, name) ? hashed[name] : undefined;
+          if ((mode & 0o170000) === 0o100000 && list) {
+            // listed only
+          } else if ((mode & 0o170000) === 0o100000 && was && was[1] === Number(st.size) && (!needle || pyc)) {
+            // Hashed as tar wrote it: only the mode to set.
+            const want = finalMode(mode);
+            if (want !== (mode & 0o7777)) fs.chmodSync(abs, want);
+            content = was[0];
+          } else if ((mode & 0o170000) === 0o100000) {
+            [content, found] = readFile(abs, mode, pyc ? undefined : needle);
           } else if ((mode & 0o170000) === 0o120000) {
             content = fs.readlinkSync(abs);
             if (needle && findPrefix(fs.readlinkSync(abs, { encoding: 'buffer' }), needle, 0) !== -1) found = 'symlink';
@@ -307,6 +331,27 @@ function workerMain({ fs, path, crypto, parentPort, findPrefix, isPyc, finalMode
     }
   };
 
+  /** Content sha256 of each file, or why it could not be read. */
+  const hashFiles = (files: string[]): Array<string | { error: WireError }> =>
+    files.map((abs) => {
+      try {
+        const fd = fs.openSync(abs, 'r');
+        try {
+          const h = crypto.createHash('sha256');
+          for (;;) {
+            const got = fs.readSync(fd, buf, 0, buf.length, null);
+            if (got === 0) break;
+            h.update(buf.subarray(0, got));
+          }
+          return h.digest('hex');
+        } finally {
+          fs.closeSync(fd);
+        }
+      } catch (err) {
+        return { error: wire(err) };
+      }
+    });
+
   const chmodDirs = (root: string, dirs: Array<[string, number]>): void => {
     for (const [rel, mode] of dirs) fs.chmodSync(path.join(root, rel), mode);
     const st = fs.lstatSync(root);
@@ -317,7 +362,8 @@ function workerMain({ fs, path, crypto, parentPort, findPrefix, isPyc, finalMode
     let reply: Reply;
     try {
       const ok =
-        msg.op === 'dirs' ? dirs(msg.root, msg.prefix, msg.dirs)
+        msg.op === 'dirs' ? dirs(msg.root, msg.prefix, msg.dirs, msg.known, msg.list)
+        : msg.op === 'hash' ? hashFiles(msg.files)
         : msg.op === 'link' ? link(msg.root, msg.objectsDir, msg.maxLinks, msg.jobs)
         : chmodDirs(msg.root, msg.dirs);
       reply = { id: msg.id, ok };
@@ -362,7 +408,6 @@ class PoolWorker {
   constructor(private readonly onIdle: () => void) {
     // A data: URL is always an ES module, whatever --input-type the process was started with (eval: true would follow it).
     this.worker = new Worker(new URL(`data:text/javascript,${encodeURIComponent(WORKER_SOURCE)}`), { name: 'minisandbox-finish' });
-    this.worker.unref();
     this.worker.on('message', (r: Reply) => {
       const p = this.pending.get(r.id);
       if (!p) return;
@@ -381,6 +426,10 @@ class PoolWorker {
     };
     this.worker.on('error', fail);
     this.worker.on('exit', (code) => fail(new Error(`exited with code ${code}`)));
+    // Unreferenced once its listeners are on: adding a 'message' listener
+    // references the worker's port again, and a worker never called would
+    // then keep the process alive until the idle timeout.
+    this.worker.unref();
   }
 
   call<T>(req: Request): Promise<T> {
@@ -448,10 +497,17 @@ function unwire(w: WireError): Error {
 /** At most this many directories per message; fewer while the queue is short, so every worker has some. */
 const DIRS_PER_JOB = 16;
 
-export async function finishTree(tree: string, opts: FinishOptions): Promise<FinishResult> {
-  const ws = workers();
-  const rootSt = await fsp.lstat(tree, { bigint: true });
 
+/**
+ * The tree's entries in walk order (fsTree.walkTree's: a directory's entries
+ * in name order, each directory followed by its contents), each directory
+ * read by whichever worker is free. Throws the first failure in walk order.
+ */
+async function walkInWorkers(
+  ws: PoolWorker[],
+  tree: string,
+  how: { prefix?: string | undefined; knownByDir?: Map<string, KnownDigests>; list?: boolean },
+): Promise<Array<{ rel: string; row: Row }>> {
   // Directories are read by whichever worker is free (two messages in
   // flight each, so none waits on the main thread); each result queues the
   // subdirectories it found. The order of the walk is rebuilt afterwards.
@@ -475,7 +531,8 @@ export async function finishTree(tree: string, opts: FinishOptions): Promise<Fin
       const dirs = queue.splice(queue.length - take, take);
       inFlight++;
       try {
-        const got = await w.call<DirResult[]>({ op: 'dirs', root: tree, prefix: opts.prefix, dirs });
+        const known = how.knownByDir && how.knownByDir.size > 0 ? dirs.map((d) => how.knownByDir!.get(d)) : undefined;
+        const got = await w.call<DirResult[]>({ op: 'dirs', root: tree, prefix: how.prefix, dirs, ...(known ? { known } : {}), ...(how.list ? { list: true } : {}) });
         dirs.forEach((rel, k) => {
           const list = got[k]!;
           rows.set(rel, list);
@@ -507,6 +564,23 @@ export async function finishTree(tree: string, opts: FinishOptions): Promise<Fin
     }
   };
   visit('');
+  return entries;
+}
+
+export async function finishTree(tree: string, opts: FinishOptions): Promise<FinishResult> {
+  const ws = workers();
+  const rootSt = await fsp.lstat(tree, { bigint: true });
+  // Known digests by directory, sent with the directories they are in.
+  const knownByDir = new Map<string, KnownDigests>();
+  for (const [rel, d] of opts.known ?? []) {
+    const slash = rel.lastIndexOf('/');
+    const dir = slash === -1 ? '' : rel.slice(0, slash);
+    let m = knownByDir.get(dir);
+    if (!m) knownByDir.set(dir, (m = Object.create(null) as KnownDigests));
+    m[rel.slice(slash + 1)] = [d.sha256, d.size];
+  }
+
+  const entries = await walkInWorkers(ws, tree, { prefix: opts.prefix, knownByDir });
   const unread = entries.find((e) => e.row[10] !== undefined);
   if (unread) throw unwire(unread.row[10]!);
 
@@ -555,4 +629,61 @@ export async function finishTree(tree: string, opts: FinishOptions): Promise<Fin
     if (found) prefixFiles.push({ path: rel, kind: found });
   }
   return { ...(opts.prefix !== undefined ? { prefixFiles } : {}), ...(dedup ? { dedup } : {}), counts, listing: lines.join('') };
+}
+
+/** Files per hash message: enough to keep a worker busy, few enough that every worker gets some. */
+const FILES_PER_HASH_JOB = 32;
+
+/**
+ * verify.ts's treeListing (the same entries and text), made in the finishing
+ * workers: the tree is walked by all of them, then each inode not in `cache`
+ * is hashed once, by whichever worker is free, with blocking reads in a
+ * 1 MiB buffer. Nothing in the tree is changed. `cache` (by `dev:ino`)
+ * carries hashes across layers, so a file dedup shares is read once per
+ * verify. The first entry that cannot be read, in walk order, is thrown.
+ */
+export async function treeListingInWorkers(tree: string, opts: { cache?: HashCache } = {}): Promise<ListingResult> {
+  const ws = workers();
+  const rootSt = await fsp.lstat(tree, { bigint: true });
+  const entries = await walkInWorkers(ws, tree, { list: true });
+  const unread = entries.find((e) => e.row[10] !== undefined);
+  if (unread) throw unwire(unread.row[10]!);
+
+  const cache = opts.cache ?? new Map<string, string>();
+  // Each inode once: the first name of it in walk order is read.
+  const todo = new Map<string, { abs: string; size: number; index: number }>();
+  entries.forEach(({ rel, row }, index) => {
+    if ((row[1] & S_IFMT) !== S_IFREG) return;
+    const inode = `${row[7]}:${row[6]}`;
+    if (!cache.has(inode) && !todo.has(inode)) todo.set(inode, { abs: `${tree}/${rel}`, size: row[2], index });
+  });
+  // Largest first, so one big file does not finish last on one worker.
+  const jobs = [...todo].sort((a, b) => b[1].size - a[1].size);
+  let next = 0;
+  let failed: { index: number; error: WireError } | undefined;
+  const loop = async (w: PoolWorker): Promise<void> => {
+    while (next < jobs.length) {
+      const batch = jobs.slice(next, next + FILES_PER_HASH_JOB);
+      next += batch.length;
+      const got = await w.call<Array<string | { error: WireError }>>({ op: 'hash', files: batch.map(([, f]) => f.abs) });
+      batch.forEach(([inode, f], k) => {
+        const r = got[k]!;
+        if (typeof r === 'string') cache.set(inode, r);
+        else if (!failed || f.index < failed.index) failed = { index: f.index, error: r.error };
+      });
+    }
+  };
+  await Promise.all(ws.flatMap((w) => [loop(w), loop(w)]));
+  if (failed) throw unwire(failed.error);
+
+  const out: ListingEntry[] = [['.', 'd', (Number(rootSt.mode) & 0o7777).toString(8)]];
+  for (const { rel, row } of entries) {
+    const [, mode, size, mtimeNs, , , ino, dev, content] = row;
+    const type = mode & S_IFMT;
+    if (type === S_IFDIR) out.push([rel, 'd', (mode & 0o7777).toString(8)]);
+    else if (type === S_IFLNK) out.push([rel, 'l', content]);
+    else if (type !== S_IFREG) out.push([rel, 'o', mode.toString(8)]);
+    else out.push([rel, 'f', (mode & 0o7777).toString(8), size, mtimeNs, cache.get(`${dev}:${ino}`)!]);
+  }
+  return listingText(out);
 }

@@ -5,17 +5,18 @@ import path from 'node:path';
 import { adopt, codeOf } from '../errors.js';
 import type { Readable } from 'node:stream';
 import { extractArchive, extractImageLayer, type Compression, type TarSpawner } from '../files/extract.js';
+import type { FileDigest } from '../files/unpack.js';
 import { removeTree, walkTree } from '../files/fsTree.js';
 import { hashFile, sha256Hex } from '../files/hash.js';
 import { acquireLock, tryLock, type FileLock } from '../files/lock.js';
 import { processIsAlive, run, selfStartTime } from '../files/proc.js';
 import { IoBudget, type BudgetOptions, type BudgetProgress } from './budget.js';
 import { gcObjects, type DedupOptions, type DedupResult } from './dedup.js';
-import { finishTree, finishTreeByWalks } from './finish.js';
+import { finishTree, finishTreeByWalks, treeListingInWorkers } from './finish.js';
 import { LayerError } from './errors.js';
 import { checkOwner, isLive, pinRequest, readPin, readPins, removePin, withPinsLock, writePin, type Pin, type PinOptions, type PinRequest } from './pins.js';
 import { type PrefixFile } from './relocate.js';
-import { LISTING_FILE, compareListings, listingText, treeListing, type HashCache, type LayerProblem, type ListingEntry, type ListingResult } from './verify.js';
+import { LISTING_FILE, compareListings, listingText, type HashCache, type LayerProblem, type ListingEntry, type ListingResult } from './verify.js';
 
 /**
  * Content-addressed store of read-only layer trees.
@@ -111,11 +112,13 @@ export interface StoreOptions {
    */
   listForeign?: (tree: string) => Promise<ListingEntry[]>;
   /**
-   * @internal How layers are finished: 'workers' (the default) or 'walks',
+   * @internal How layers are finished: 'workers' (the default), 'reread'
+   * (the workers, reading every file again instead of taking the content
+   * hashes made during the unpack: what addArchive did before) or 'walks',
    * the reference path it replaced, kept for the store benchmark and the
    * tests that compare the two (lib/layers/finish.ts).
    */
-  finish?: 'workers' | 'walks';
+  finish?: 'workers' | 'reread' | 'walks';
 }
 
 /** A container image layer for addImageLayer. */
@@ -227,7 +230,8 @@ export async function openStore(opts: StoreOptions = {}): Promise<LayerStore> {
   return new LayerStore(root, budget, dedup, opts.lockTimeoutMs, opts.removeForeign, opts.listForeign, opts.finish ?? 'workers');
 }
 
-type Builder = (tree: string, ticketProgress: (done: number) => void) => Promise<void>;
+/** Fills the staging tree; may return the content of files it wrote (extractArchive's hashFiles), which finishing then need not read. */
+type Builder = (tree: string, ticketProgress: (done: number) => void) => Promise<Map<string, FileDigest> | void>;
 
 /** What a layer is built from: its digest, the bytes to unpack or copy, and its name in the manifest. */
 interface LayerSource {
@@ -247,12 +251,12 @@ export class LayerStore {
     private readonly lockTimeoutMs: number | undefined,
     private readonly removeForeign?: (dir: string) => Promise<void>,
     private readonly listForeign?: (tree: string) => Promise<ListingEntry[]>,
-    private readonly finish: 'workers' | 'walks' = 'workers',
+    private readonly finish: 'workers' | 'reread' | 'walks' = 'workers',
   ) {}
 
   /** The listing of an image layer's tree, read where its owners' files can be read. */
   private async imageListing(tree: string, owners: string | undefined, cache?: HashCache): Promise<ListingResult> {
-    if (owners !== 'range' || !this.listForeign) return treeListing(tree, cache ? { cache } : {});
+    if (owners !== 'range' || !this.listForeign) return treeListingInWorkers(tree, cache ? { cache } : {});
     return listingText(await this.listForeign(tree));
   }
 
@@ -294,11 +298,16 @@ export class LayerStore {
     });
     const digest = await hashFile(abs, st.size);
     return this.build({ digest, bytes: st.size, kind: 'archive', source: opts.name ?? abs }, opts, async (tree, progress) => {
-      await extractArchive(abs, tree, {
+      // The staging tree is this process's alone until it is published (no
+      // sandbox sees it, nothing else writes it), so the content tar wrote
+      // is the content finishing would read: it is hashed as it passes.
+      const { digests } = await extractArchive(abs, tree, {
         ...(opts.compression ? { compression: opts.compression } : {}),
         ...(opts.signal ? { signal: opts.signal } : {}),
+        hashFiles: this.finish === 'workers',
         onProgress: (done) => progress(done),
       });
+      return digests;
     });
   }
 
@@ -376,11 +385,11 @@ export class LayerStore {
       try {
         const tree = path.join(staging, 'tree');
         await fsp.mkdir(tree, { recursive: true });
-        await fill(tree, (done) => {
+        const known = await fill(tree, (done) => {
           ticket?.progress(done);
           opts.onProgress?.({ label: digest, done, total: bytes });
         });
-        const { manifest, listing } = await this.finishTree(tree, src, opts);
+        const { manifest, listing } = await this.finishTree(tree, src, opts, known || undefined);
         await fsp.writeFile(path.join(staging, LISTING_FILE), listing, { mode: 0o444 });
         await fsp.writeFile(path.join(staging, 'manifest.json'), `${JSON.stringify(manifest, null, 2)}\n`, { mode: 0o444 });
         try {
@@ -484,7 +493,7 @@ export class LayerStore {
   }
 
   /** Scan, set final modes, dedup, count, list: everything before publishing (finish.ts). */
-  private async finishTree(tree: string, src: LayerSource, opts: AddOptions): Promise<{ manifest: LayerManifest; listing: string }> {
+  private async finishTree(tree: string, src: LayerSource, opts: AddOptions, known?: Map<string, FileDigest>): Promise<{ manifest: LayerManifest; listing: string }> {
     if (src.kind === 'image-layer') {
       // Modes as the image has them and no dedup (see addImageLayer); the
       // tree is only ever mounted read-only, as a lower dir.
@@ -505,7 +514,12 @@ export class LayerStore {
         listing: listing.text,
       };
     }
-    const how = { objectsDir: path.join(this.root, 'objects'), ...(this.dedupOpts ? { dedup: this.dedupOpts } : {}), ...(opts.prefix ? { prefix: opts.prefix } : {}) };
+    const how = {
+      objectsDir: path.join(this.root, 'objects'),
+      ...(this.dedupOpts ? { dedup: this.dedupOpts } : {}),
+      ...(opts.prefix ? { prefix: opts.prefix } : {}),
+      ...(known ? { known } : {}),
+    };
     const { prefixFiles, dedup, counts, listing } = this.finish === 'walks' ? await finishTreeByWalks(tree, how) : await finishTree(tree, how);
     const manifest: LayerManifest = {
       version: 1,
@@ -652,7 +666,9 @@ export class LayerStore {
    * listing recorded when it was built: every file's content, size, mode and
    * mtime, every directory's mode, every symlink's target, nothing missing
    * and nothing added; and the manifest and listing themselves. Files shared
-   * by dedup are read once. Each layer is checked under its build lock, so a
+   * by dedup are read once. The trees are read in finishing's worker pool
+   * (treeListingInWorkers), never from hashes made at build time: verify
+   * trusts nothing but the bytes on disk now. Each layer is checked under its build lock, so a
    * concurrent remove waits and gc leaves it for its next run. Throws for a
    * named layer that is not in the store.
    */
@@ -704,7 +720,7 @@ export class LayerStore {
         recorded = text.split('\n').filter(Boolean).map((l) => JSON.parse(l) as ListingEntry);
       }
     }
-    const listed = m.sourceKind === 'image-layer' ? this.imageListing(layer.path, m.owners, cache) : treeListing(layer.path, { cache });
+    const listed = m.sourceKind === 'image-layer' ? this.imageListing(layer.path, m.owners, cache) : treeListingInWorkers(layer.path, { cache });
     const now = await listed.catch((err: unknown) => {
       check.problems.push({ path: '.', what: 'unreadable', actual: (err as Error).message });
       return undefined;

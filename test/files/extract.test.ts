@@ -1,9 +1,10 @@
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { createReadStream, existsSync, lstatSync, mkdirSync, readdirSync, readFileSync, readlinkSync, symlinkSync, linkSync, utimesSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { extractArchive, extractUntrusted, FileError, packDirectory } from '../../lib/files/index.js';
-import { py, tmpDir, writeTree } from '../layers/helpers.js';
+import { py, tmpDir, transpiledLayers, writeTree } from '../layers/helpers.js';
 
 /**
  * Python's tarfile writes any member name we ask for, so it builds the
@@ -190,7 +191,8 @@ describe('extractArchive: hostile archives', () => {
         }
         const dest = path.join(work, `dest-${n}-${comp}`);
         mkdirSync(dest);
-        const err = await extractArchive(file, dest).then(
+        // The zstd round as the store runs it: hashing files on the way.
+        const err = await extractArchive(file, dest, comp === 'zstd' ? { hashFiles: true } : {}).then(
           () => undefined,
           (e: unknown) => e,
         );
@@ -412,5 +414,148 @@ describe('extractArchive / packDirectory: round trip', () => {
     await packDirectory(src, path.join(t.dir, 'r2.tar.zst'));
     expect(readFileSync(path.join(t.dir, 'r1.tar.zst')).equals(readFileSync(path.join(t.dir, 'r2.tar.zst')))).toBe(true);
     expect(readdirSync(t.dir).filter((f) => f.includes('.tmp-'))).toEqual([]);
+  });
+});
+
+describe('extractArchive: content hashes made during the unpack (hashFiles)', () => {
+  const t = tmpDir('extract-hash');
+  afterAll(() => t.cleanup());
+  const sha = (b: Buffer | string) => createHash('sha256').update(b).digest('hex');
+
+  /**
+   * The property finishing relies on: every digest names a path that is a
+   * regular file on disk with exactly that content and size; and every
+   * regular file on disk (here all names are UTF-8) has one.
+   */
+  function expectDigestsMatchDisk(dest: string, digests: Map<string, { sha256: string; size: number }>): void {
+    const onDisk = new Map<string, Buffer>();
+    const walk = (rel: string): void => {
+      for (const name of readdirSync(path.join(dest, rel))) {
+        const r = rel ? `${rel}/${name}` : name;
+        const st = lstatSync(path.join(dest, r));
+        if (st.isDirectory()) walk(r);
+        else if (st.isFile()) onDisk.set(r, readFileSync(path.join(dest, r)));
+      }
+    };
+    walk('');
+    expect([...digests.keys()].sort()).toEqual([...onDisk.keys()].sort());
+    for (const [rel, content] of onDisk) expect(digests.get(rel), rel).toEqual({ sha256: sha(content), size: content.length });
+  }
+
+  it('hashes what tar leaves: the last of a replaced file, hard links, not a file a symlink replaced; big, empty, set-id, long names', async () => {
+    const long = `${'deep/'.repeat(25)}${'n'.repeat(90)}.py`;
+    const big = 'B'.repeat(100_000); // several 64 KiB pipe reads (argv limits a spec to 128 KiB; see below for MiBs)
+    for (const fmt of ['gnu', 'pax'] as const) {
+      const archive = makeTar(path.join(t.dir, `tricky-${fmt}.tar`), [
+        { type: 'file', name: 'a.txt', data: 'one' },
+        { type: 'file', name: 'a.txt', data: 'two, longer' },
+        { type: 'file', name: 'b', data: 'bee' },
+        { type: 'symlink', name: 'b', link: 'a.txt' },
+        { type: 'file', name: 'c', data: 'sea' },
+        { type: 'hardlink', name: 'h', link: 'c' },
+        { type: 'file', name: 'empty', data: '' },
+        { type: 'file', name: 'suid', data: 'root me', mode: 0o4755 },
+        { type: 'dir', name: 'd' },
+        { type: 'file', name: 'd/big.bin', data: big },
+        { type: 'file', name: long, data: 'long' },
+        { type: 'file', name: './dot/./slash//x', data: 'normalised' },
+      ], fmt);
+      for (const compression of ['none', 'zstd'] as const) {
+        let file = archive;
+        if (compression === 'zstd') {
+          file = `${archive}.zst`;
+          execFileSync('zstd', ['-q', '-f', archive, '-o', file]);
+        }
+        const dest = path.join(t.dir, `tricky-${fmt}-${compression}`);
+        mkdirSync(dest);
+        const r = await extractArchive(file, dest, { hashFiles: true });
+        expectDigestsMatchDisk(dest, r.digests!);
+        // Not vacuous: what each case is about.
+        expect(r.digests!.get('a.txt')!.sha256).toBe(sha('two, longer'));
+        expect(r.digests!.has('b')).toBe(false);
+        expect(r.digests!.get('h')).toEqual(r.digests!.get('c'));
+        expect(r.digests!.get('d/big.bin')!.size).toBe(big.length);
+        expect(r.digests!.get('dot/slash/x')!.sha256).toBe(sha('normalised'));
+      }
+    }
+    // Files across several of the worker's 1 MiB reads, hard-linked, as packDirectory writes them.
+    const src = path.join(t.dir, 'big-src');
+    mkdirSync(src);
+    writeFileSync(path.join(src, 'big.bin'), Buffer.alloc(3 << 20, 7));
+    writeFileSync(path.join(src, 'odd.bin'), Buffer.alloc((1 << 20) + 513, 9));
+    linkSync(path.join(src, 'big.bin'), path.join(src, 'big-link.bin'));
+    const packed = path.join(t.dir, 'big.tar.zst');
+    await packDirectory(src, packed);
+    const dest = path.join(t.dir, 'big-out');
+    mkdirSync(dest);
+    const r = await extractArchive(packed, dest, { hashFiles: true });
+    expectDigestsMatchDisk(dest, r.digests!);
+    expect(r.digests!.get('big-link.bin')!.size).toBe(3 << 20);
+  });
+
+  it('returns no digests unless asked', async () => {
+    const archive = makeTar(path.join(t.dir, 'plain.tar'), [{ type: 'file', name: 'f', data: 'x' }]);
+    const dest = path.join(t.dir, 'plain');
+    mkdirSync(dest);
+    expect((await extractArchive(archive, dest)).digests).toBeUndefined();
+  });
+
+  it('refuses a header whose numeric field is not octal, and accepts a checksum made of signed bytes (as GNU tar does)', async () => {
+    // A member with a byte above 127 in its name; the checksum is rewritten
+    // as the old signed-char sum, then a copy gets a size field with a stray letter.
+    const base = makeTar(path.join(t.dir, 'base.tar'), [{ type: 'file', name: 'caf\u00e9', data: 'x' }], 'ustar');
+    const block = readFileSync(base);
+    const rechecksum = (b: Buffer, signed: boolean): void => {
+      b.fill(0x20, 148, 156);
+      let sum = 0;
+      for (let i = 0; i < 512; i++) sum += signed && b[i]! > 127 ? b[i]! - 256 : b[i]!;
+      b.write(`${sum.toString(8).padStart(6, '0')}\0 `, 148, 8, 'latin1');
+    };
+    const signed = Buffer.from(block);
+    rechecksum(signed, true);
+    writeFileSync(path.join(t.dir, 'signed.tar'), signed);
+    const d1 = path.join(t.dir, 'signed');
+    mkdirSync(d1);
+    expect((await extractArchive(path.join(t.dir, 'signed.tar'), d1, { hashFiles: true })).digests!.get('caf\u00e9')!.sha256).toBe(sha('x'));
+    const bad = Buffer.from(block);
+    bad.write('0000000001x\0', 124, 12, 'latin1');
+    rechecksum(bad, false);
+    writeFileSync(path.join(t.dir, 'badsize.tar'), bad);
+    const d2 = path.join(t.dir, 'badsize');
+    mkdirSync(d2);
+    await expect(extractArchive(path.join(t.dir, 'badsize.tar'), d2)).rejects.toThrow(/unreadable size field at byte 0/);
+    expect(readdirSync(d2)).toEqual([]);
+  });
+
+  it('stops when aborted, kills its processes and says so', async () => {
+    // 256 MiB of zeros: a tiny archive that takes a while to write out.
+    const archive = path.join(t.dir, 'zeros.tar.zst');
+    execFileSync('sh', ['-c', `cd '${t.dir}' && head -c ${256 << 20} /dev/zero > zeros.bin && tar -cf - zeros.bin | zstd -q -o '${archive}' && rm zeros.bin`]);
+    const dest = path.join(t.dir, 'aborted');
+    mkdirSync(dest);
+    const ac = new AbortController();
+    setTimeout(() => ac.abort(), 50);
+    const before = execFileSync('sh', ['-c', 'pgrep -c -P $PPID || true'], { encoding: 'utf8' });
+    await expect(extractArchive(archive, dest, { signal: ac.signal, hashFiles: true })).rejects.toThrow(/zeros\.tar\.zst: extraction aborted$/);
+    expect(execFileSync('sh', ['-c', 'pgrep -c -P $PPID || true'], { encoding: 'utf8' })).toBe(before); // no zstd or tar left
+    const already = new AbortController();
+    already.abort();
+    await expect(extractArchive(archive, dest, { signal: already.signal })).rejects.toThrow(/extraction aborted/);
+  });
+
+  it('does not keep the process alive once done (the idle unpack worker is unreferenced)', () => {
+    const lib = transpiledLayers(path.join(t.dir, 'transpiled'));
+    const archive = makeTar(path.join(t.dir, 'alive.tar'), [{ type: 'file', name: 'f', data: 'x' }]);
+    const dest = path.join(t.dir, 'alive');
+    mkdirSync(dest);
+    const script = `import { extractArchive } from ${JSON.stringify(path.join(lib, 'files', 'extract.js'))};
+      const r = await extractArchive(${JSON.stringify(archive)}, ${JSON.stringify(dest)}, { hashFiles: true });
+      console.log(r.members, r.digests.size);`;
+    const started = Date.now();
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8', timeout: 20_000 });
+    expect(r.stderr).toBe('');
+    expect(r.stdout.trim()).toBe('1 1');
+    // Idle workers are stopped after 10 s; the process must not wait for that.
+    expect(Date.now() - started).toBeLessThan(9_500);
   });
 });

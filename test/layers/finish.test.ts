@@ -6,12 +6,14 @@
  * compares what is on disk.
  */
 import { execFileSync, spawnSync } from 'node:child_process';
-import { chmodSync, cpSync, linkSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { chmodSync, cpSync, linkSync, mkdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { packDirectory } from '../../lib/files/index.js';
-import { finishTree, finishTreeByWalks, stopFinishWorkers } from '../../lib/layers/finish.js';
+import { finishTree, finishTreeByWalks, stopFinishWorkers, treeListingInWorkers } from '../../lib/layers/finish.js';
+import { treeListing } from '../../lib/layers/verify.js';
 import { openStore, type Layer } from '../../lib/layers/index.js';
 import { tmpDir, transpiledLayers, writeTree } from './helpers.js';
 
@@ -186,5 +188,74 @@ describe('layer finishing in workers', () => {
     expect(r.stdout.trim()).toBe(execFileSync('sh', ['-c', `find ${tree} -type f | wc -l`], { encoding: 'utf8' }).trim());
     // The pool stops idle workers after 10 s; the process must not wait for that.
     expect(Date.now() - started).toBeLessThan(8_000);
+    // A tree of one directory: most workers are never called (store verify of a small layer, as the CLI runs it).
+    const small = path.join(t.dir, 'alive-small');
+    writeTree(small, { 'only.txt': 'x' });
+    const listing = `import { treeListingInWorkers } from ${JSON.stringify(path.join(lib, 'layers', 'finish.js'))};
+      console.log((await treeListingInWorkers(${JSON.stringify(small)})).files);`;
+    const t0 = Date.now();
+    const r2 = spawnSync(process.execPath, ['--input-type=module', '-e', listing], { encoding: 'utf8', timeout: 20_000 });
+    expect(r2.stderr).toBe('');
+    expect(r2.stdout.trim()).toBe('1');
+    expect(Date.now() - t0).toBeLessThan(8_000);
+  });
+});
+
+describe('finishing with content hashes made during the unpack', () => {
+  const src = path.join(t.dir, 'known-src');
+  makeSource(src);
+  const sha = (s: string) => createHash('sha256').update(s).digest('hex');
+  const entryOf = (listing: string, rel: string) => listing.split('\n').find((l) => l.startsWith(`[${JSON.stringify(rel)},`));
+
+  it('takes a known digest instead of reading the file, unless the size differs or the prefix scan reads it anyway', async () => {
+    // Deliberately wrong digests: only a digest that was not read shows up in the listing.
+    const fake = 'f'.repeat(64);
+    const known = new Map([
+      ['lib/a.py', { sha256: fake, size: 6 }], // right size: taken (read only for a prefix scan)
+      ['lib/private.py', { sha256: fake, size: 999 }], // wrong size: read
+      ['lib/__pycache__/a.cpython-311.pyc', { sha256: fake, size: `\x00\x01${PREFIX}/lib/a.py`.length }], // never scanned: taken
+    ]);
+    for (const prefix of [undefined, PREFIX]) {
+      const tree = path.join(t.dir, `known-tree-${prefix ? 'scan' : 'plain'}`);
+      cpSync(src, tree, { recursive: true, verbatimSymlinks: true });
+      const r = await finishTree(tree, { objectsDir: path.join(t.dir, 'known-objects'), known, ...(prefix ? { prefix } : {}) });
+      expect(entryOf(r.listing, 'lib/a.py')).toContain(prefix ? sha('a = 1\n') : fake);
+      expect(entryOf(r.listing, 'lib/a.py')).toContain('"f","444"'); // the mode is set all the same
+      expect(entryOf(r.listing, 'lib/a-hardlink.py')).toContain(sha('a = 1\n')); // not known: read
+      expect(entryOf(r.listing, 'lib/private.py')).toContain(sha('secret = 1\n'));
+      expect(entryOf(r.listing, 'lib/__pycache__/a.cpython-311.pyc')).toContain(fake);
+      if (prefix) expect(r.prefixFiles).toContainEqual({ path: 'lib/text.cfg', kind: 'text' });
+    }
+  });
+
+  it('addArchive with the hashes made during the unpack stores what reading the tree stores', async () => {
+    const archive = path.join(t.dir, 'known.tar.zst');
+    await packDirectory(src, archive);
+    const [reread, workers] = [
+      await (await openStore({ root: path.join(t.dir, 'known-store-reread'), budget: false, finish: 'reread' })).addArchive(archive, { prefix: PREFIX }),
+      await (await openStore({ root: path.join(t.dir, 'known-store-workers'), budget: false })).addArchive(archive, { prefix: PREFIX }),
+    ];
+    const strip = (m: Record<string, unknown>) => ({ ...m, created: undefined });
+    expect(strip(workers.manifest as unknown as Record<string, unknown>)).toEqual(strip(reread.manifest as unknown as Record<string, unknown>));
+    expect(readFileSync(path.join(workers.dir, 'listing.jsonl'), 'utf8')).toBe(readFileSync(path.join(reread.dir, 'listing.jsonl'), 'utf8'));
+  });
+
+  it('lists a tree in the workers exactly as treeListing does, each inode read once across calls', async () => {
+    const store = await openStore({ root: path.join(t.dir, 'list-store'), budget: false });
+    const archive = path.join(t.dir, 'list.tar.zst');
+    await packDirectory(src, archive);
+    const layer = await store.addArchive(archive);
+    for (const tree of [src, layer.path]) {
+      const [mine, theirs] = [await treeListingInWorkers(tree), await treeListing(tree)];
+      expect(mine.text).toBe(theirs.text);
+      expect([mine.files, mine.bytes]).toEqual([theirs.files, theirs.bytes]);
+    }
+    // A cache entry wins over reading: what verify's cache across layers relies on.
+    const cache = new Map<string, string>();
+    await treeListingInWorkers(layer.path, { cache });
+    const st = statSync(path.join(layer.path, 'lib/a.py'));
+    cache.set(`${st.dev}:${st.ino}`, 'c'.repeat(64));
+    const again = await treeListingInWorkers(layer.path, { cache });
+    expect(again.entries.find((e) => e[0] === 'lib/a-hardlink.py')![5]).toBe('c'.repeat(64));
   });
 });

@@ -8,7 +8,7 @@ import path from 'node:path';
 import { afterAll, beforeEach, describe, expect, it } from 'vitest';
 import { extractArchive, packDirectory } from '../../lib/files/index.js';
 import { describeProblem, openStore, type Layer, type LayerStore } from '../../lib/layers/index.js';
-import { tmpDir, writeTree } from './helpers.js';
+import { py, tmpDir, writeTree } from './helpers.js';
 
 const t = tmpDir('verify');
 afterAll(() => t.cleanup());
@@ -126,6 +126,41 @@ describe('store.verify', () => {
     const missing = 'f'.repeat(64);
     await expect(store.verify([missing])).rejects.toThrow(`verify: layer ${missing} is not in the store ${store.root}`);
     await expect(store.verify(['nope'])).rejects.toThrow(/not a sha256 hex digest/);
+  });
+});
+
+describe('store.verify of layers hashed during their unpack', () => {
+  it('records what is on disk for members that replace each other, and still catches a file changed after publishing', async () => {
+    const dir = path.join(t.dir, 'overlap');
+    mkdirSync(dir, { recursive: true });
+    const archive = path.join(dir, 'tricky.tar');
+    py(
+      String.raw`
+import io, sys, tarfile
+with tarfile.open(sys.argv[1], 'w', format=tarfile.PAX_FORMAT) as tf:
+    def f(name, data):
+        t = tarfile.TarInfo(name); t.size = len(data); t.mtime = 1600000000; t.mode = 0o644
+        tf.addfile(t, io.BytesIO(data))
+    f('a.txt', b'first'); f('a.txt', b'second, kept')
+    f('b', b'replaced by a symlink')
+    t = tarfile.TarInfo('b'); t.type = tarfile.SYMTYPE; t.linkname = 'a.txt'; tf.addfile(t)
+    f('c', b'linked')
+    t = tarfile.TarInfo('h'); t.type = tarfile.LNKTYPE; t.linkname = 'c'; tf.addfile(t)
+`,
+      [archive],
+    );
+    const store = await openStore({ root: path.join(dir, 'store'), budget: false });
+    const layer = await store.addArchive(archive);
+    const listed = readFileSync(path.join(layer.dir, 'listing.jsonl'), 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l) as unknown[]);
+    for (const e of listed) if (e[1] === 'f') expect(e[5], String(e[0])).toBe(fileSha(path.join(layer.path, String(e[0]))));
+    expect(listed.find((e) => e[0] === 'a.txt')![5]).toBe(sha256('second, kept'));
+    expect(listed.find((e) => e[0] === 'b')![1]).toBe('l');
+    expect((await store.verify())[0]!.status).toBe('ok');
+    const f = path.join(layer.path, 'a.txt');
+    tamper(f, () => writeFileSync(f, 'SECOND, kept'));
+    utimesSync(f, 1600000000, 1600000000);
+    const [check] = await store.verify();
+    expect(check!.problems).toEqual([{ path: 'a.txt', what: 'content', expected: sha256('second, kept'), actual: sha256('SECOND, kept') }]);
   });
 });
 
