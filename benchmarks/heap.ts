@@ -31,7 +31,7 @@ import { runInNewContext } from 'node:vm';
 import { Sandbox, run } from '../lib/sandbox/index.js';
 import { native, setSpawnMode, type SpawnMode } from '../lib/native/index.js';
 import { formatMs, formatRatio, formatTable } from '../lib/format.js';
-import { summarize, timePair, type Summary } from './lib/stats.js';
+import { summarize, timeMany, timePair, type Summary } from './lib/stats.js';
 
 const TARGET_HEAP_RATIO = 1.3; // median at the largest heap / median at the smallest
 const TARGET_VS_INPROCESS = 1.05; // spawner / in-process at the smallest heap (no slower; 5% noise)
@@ -90,17 +90,6 @@ function nodeSpawn(): Promise<void> {
     c.on('error', reject);
     c.on('exit', () => resolve());
   });
-}
-
-async function timeN(n: number, fn: () => Promise<unknown>, warmup = 2): Promise<number[]> {
-  for (let i = 0; i < warmup; i++) await fn();
-  const samples: number[] = [];
-  for (let i = 0; i < n; i++) {
-    const t = performance.now();
-    await fn();
-    samples.push(performance.now() - t);
-  }
-  return samples;
 }
 
 /** Runs fn with spawns on the given path. */
@@ -181,15 +170,15 @@ async function main(): Promise<void> {
         if (process.memoryUsage().rss / MiB > size * 1.1 + 64) shrink();
         rss.set(size, growTo(size));
         log(`round ${round + 1}/${rounds}: ${size} MiB (RSS ${rss.get(size)!.toFixed(0)} MiB)`);
-        add(size, 'exec', 'spawner', await timeN(share(opts.iterations), () => sb.exec(['/bin/true']), 1));
-        add(size, 'run', 'spawner', await timeN(share(opts.iterations), () => run({ argv: ['/bin/true'] }), 1));
-        add(size, 'create', 'spawner', await timeN(share(opts.createIterations), createOnce, 0));
-        add(size, 'child_process.spawn', 'node', await timeN(share(opts.iterations), nodeSpawn, 1));
+        add(size, 'exec', 'spawner', await timeMany(share(opts.iterations), 1, () => sb.exec(['/bin/true'])));
+        add(size, 'run', 'spawner', await timeMany(share(opts.iterations), 1, () => run({ argv: ['/bin/true'] })));
+        add(size, 'create', 'spawner', await timeMany(share(opts.createIterations), 0, createOnce));
+        add(size, 'child_process.spawn', 'node', await timeMany(share(opts.iterations), 1, nodeSpawn));
         // Today's path, fewer times: it is the slow one.
         const few = (n: number) => Math.max(1, Math.ceil(share(n) / 3));
-        add(size, 'exec', 'inprocess', await on('inprocess', () => timeN(few(opts.iterations), () => sb.exec(['/bin/true']), 0)));
-        add(size, 'run', 'inprocess', await on('inprocess', () => timeN(few(opts.iterations), () => run({ argv: ['/bin/true'] }), 0)));
-        add(size, 'create', 'inprocess', await on('inprocess', () => timeN(few(opts.createIterations), createOnce, 0)));
+        add(size, 'exec', 'inprocess', await on('inprocess', () => timeMany(few(opts.iterations), 0, () => sb.exec(['/bin/true']))));
+        add(size, 'run', 'inprocess', await on('inprocess', () => timeMany(few(opts.iterations), 0, () => run({ argv: ['/bin/true'] }))));
+        add(size, 'create', 'inprocess', await on('inprocess', () => timeMany(few(opts.createIterations), 0, createOnce)));
       }
     }
   } finally {

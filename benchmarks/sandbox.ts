@@ -16,7 +16,7 @@ import { Sandbox } from '../lib/index.js';
 import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
 import { exec } from './lib/proc.js';
 import { formatMs, formatRatio, formatTable } from '../lib/format.js';
-import { summarize, timePair, type Summary } from './lib/stats.js';
+import { summarize, timeMany, timePair, type Summary } from './lib/stats.js';
 
 interface Options {
   iterations: number;
@@ -39,17 +39,6 @@ function parseArgs(argv: string[]): Options {
 }
 
 const log = (msg: string) => process.stderr.write(`[bench] ${msg}\n`);
-
-async function timeMany(n: number, warmup: number, fn: () => Promise<unknown>): Promise<number[]> {
-  for (let i = 0; i < warmup; i++) await fn();
-  const samples: number[] = [];
-  for (let i = 0; i < n; i++) {
-    const t = performance.now();
-    await fn();
-    samples.push(performance.now() - t);
-  }
-  return samples;
-}
 
 /** Proportional set size of a process tree's members, in bytes. */
 function pssOf(pid: number): number {

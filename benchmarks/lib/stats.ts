@@ -87,3 +87,15 @@ export async function timeRounds(n: number, warmup: number, fns: readonly (() =>
   }
   return samples;
 }
+
+/** n samples (ms) of fn, run one after another after `warmup` untimed runs. */
+export async function timeMany(n: number, warmup: number, fn: () => Promise<unknown>): Promise<number[]> {
+  for (let i = 0; i < warmup; i++) await fn();
+  const samples: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const t = performance.now();
+    await fn();
+    samples.push(performance.now() - t);
+  }
+  return samples;
+}
