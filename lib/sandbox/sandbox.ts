@@ -319,7 +319,11 @@ export class Sandbox implements AsyncDisposable {
       this.#sessionsStarting.add(name);
     }
     try {
-      const proc = this.spawn(['/bin/bash'], {
+      // --noediting: readline reads a typed line a byte at a time, with
+      // work per byte (~1 ms of a short command's round trip, ~250 ms for a
+      // 25 KB heredoc); without it bash reads whole lines from the terminal.
+      // The protocol keeps each typed line under the line discipline's limit.
+      const proc = this.spawn(['/bin/bash', '--noediting'], {
         pty: { cols: opts.cols ?? 80, rows: opts.rows ?? 24 },
         cwd: opts.cwd,
         env: opts.env,

@@ -202,7 +202,7 @@ export class ShellSession {
     const timeout = this.options.startupTimeoutMs ?? 5000;
     const deadline = Date.now() + timeout;
     const left = () => Math.max(0, deadline - Date.now());
-    this.channel.write(this.protocol.startupLine(this.options) + '\n');
+    this.channel.write(this.protocol.startupLines(this.options).join('\n') + '\n');
     try {
       await this.wait([this.protocol.beginMarker()], left()); // drops the shell's own first prompt
       const ready = await this.wait([this.protocol.readyMarker()], left());
@@ -226,7 +226,7 @@ export class ShellSession {
     const id = this.nextId++;
     const expects = o.expect ?? [];
     const timeoutMs = o.timeoutMs ?? this.options.defaultTimeoutMs;
-    this.channel.write(this.protocol.commandLine(command, id) + '\n');
+    this.channel.write(this.protocol.commandLines(command, id).join('\n') + '\n');
 
     let m: ExpectMatch;
     try {

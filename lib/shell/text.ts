@@ -14,23 +14,47 @@ export function cleanTerminalText(text: string): string {
 
 /**
  * Quote arbitrary text as a bash ANSI-C string `$'...'` made only of
- * printable ASCII. Typed through readline, such a line cannot trigger
- * completion (tabs), key bindings (control bytes), history expansion (`!`)
- * or meta-key handling (non-ASCII bytes), and it is a single line however
- * many lines the command has.
+ * printable ASCII. Typed into a terminal, such a line cannot trigger the
+ * line discipline's controls (^C, ^U, ^S, CR read as NL), completion (tabs)
+ * or key bindings under readline, history expansion (`!`) or meta-key
+ * handling (non-ASCII bytes), and it is a single line however many lines
+ * the command has.
  */
 export function ansiCQuote(text: string): string {
-  const bytes = Buffer.from(text, 'utf8');
-  let out = "$'";
-  for (const b of bytes) {
-    if (b === 0x5c) out += '\\\\';
-    else if (b === 0x27) out += "\\'";
-    else if (b === 0x0a) out += '\\n';
-    else if (b === 0x00) continue; // bash strings cannot hold NUL
-    else if (b >= 0x20 && b < 0x7f && b !== 0x21) out += String.fromCharCode(b);
-    else out += '\\x' + b.toString(16).padStart(2, '0');
+  let out = '';
+  for (const b of Buffer.from(text, 'utf8')) out += escapeByte(b);
+  return `$'${out}'`;
+}
+
+/**
+ * The same quoting cut into strings of at most `maxLength` characters
+ * each, which bash concatenates back into the text's exact bytes (a cut
+ * may fall inside a multi-byte character: bash strings are bytes).
+ */
+export function ansiCQuoteChunks(text: string, maxLength: number): string[] {
+  const room = maxLength - 3; // $' and '
+  if (room < 4) throw new RangeError(`ansiCQuoteChunks: maxLength ${maxLength} cannot hold one escaped byte`);
+  const chunks: string[] = [];
+  let cur = '';
+  for (const b of Buffer.from(text, 'utf8')) {
+    const e = escapeByte(b);
+    if (cur.length + e.length > room) {
+      chunks.push(`$'${cur}'`);
+      cur = '';
+    }
+    cur += e;
   }
-  return out + "'";
+  chunks.push(`$'${cur}'`);
+  return chunks;
+}
+
+function escapeByte(b: number): string {
+  if (b === 0x5c) return '\\\\';
+  if (b === 0x27) return "\\'";
+  if (b === 0x0a) return '\\n';
+  if (b === 0x00) return ''; // bash strings cannot hold NUL
+  if (b >= 0x20 && b < 0x7f && b !== 0x21) return String.fromCharCode(b);
+  return '\\x' + b.toString(16).padStart(2, '0');
 }
 
 /** Quote one word for POSIX sh: as it is when it has nothing sh would read specially, else in single quotes. */

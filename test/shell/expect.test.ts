@@ -1,7 +1,7 @@
 import { describe, expect, test } from 'vitest';
 import { ChannelClosedError, Expecter, ExpectTimeoutError } from '../../lib/shell/expect.js';
 import type { PtyChannel, PtyExitInfo } from '../../lib/shell/pty.js';
-import { ansiCQuote, cleanTerminalText } from '../../lib/shell/text.js';
+import { ansiCQuote, ansiCQuoteChunks, cleanTerminalText } from '../../lib/shell/text.js';
 
 /** In-memory channel: the test pushes "terminal output" by hand. */
 function fakeChannel() {
@@ -97,5 +97,20 @@ describe('text helpers', () => {
     const q = ansiCQuote(text);
     expect(q).toMatch(/^[\x20-\x7e]+$/);
     expect(execFileSync('bash', ['-c', `printf %s ${q}`]).toString()).toBe(text);
+  });
+
+  test('ansiCQuoteChunks cuts anywhere (inside a character too) and bash joins the exact bytes', async () => {
+    const { execFileSync } = await import('node:child_process');
+    const text = Array.from({ length: 400 }, (_, i) => `${i} ✓'\\!\t\x01\x7fé€😀`).join('\n');
+    for (const max of [8, 13, 64, 1000]) {
+      const chunks = ansiCQuoteChunks(text, max);
+      for (const c of chunks) {
+        expect(c.length).toBeLessThanOrEqual(max);
+        expect(c).toMatch(/^\$'[\x20-\x7e]*'$/);
+      }
+      const script = `s=${chunks[0]}; ${chunks.slice(1).map((c) => `s+=${c}`).join('; ')}; printf %s "$s"`;
+      expect(execFileSync('bash', ['-c', script], { maxBuffer: 64 << 20 }).toString()).toBe(text);
+    }
+    expect(() => ansiCQuoteChunks('x', 6)).toThrow(RangeError);
   });
 });

@@ -3,9 +3,14 @@ import type { PtyChannel, PtyExitInfo } from '../../lib/shell/pty.js';
 import { ShellSession, type ShellSessionOptions } from '../../lib/shell/session.js';
 import { shQuote } from '../../lib/shell/text.js';
 
-/** A session on a real pty (script(1)) running a bash without rc files, for deterministic output. */
-export function startTestSession(options: ShellSessionOptions = {}): Promise<ShellSession> {
-  return ShellSession.start(scriptPty(['bash', '--norc', '--noprofile']), options);
+/**
+ * A session on a real pty (script(1)) running a bash without rc files, for
+ * deterministic output; without readline, as Sandbox.shell runs it, unless
+ * `readline` (a shell on a pty made elsewhere).
+ */
+export function startTestSession(options: ShellSessionOptions & { readline?: boolean } = {}): Promise<ShellSession> {
+  const { readline, ...rest } = options;
+  return ShellSession.start(scriptPty(['bash', ...(readline ? [] : ['--noediting']), '--norc', '--noprofile']), rest);
 }
 
 /**

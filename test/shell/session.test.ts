@@ -1,4 +1,5 @@
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execFileSync } from 'node:child_process';
@@ -10,6 +11,7 @@ import {
   NonZeroExitCodeError,
   SessionClosedError,
 } from '../../lib/shell/errors.js';
+import { MAX_TYPED_LINE, ShellProtocol } from '../../lib/shell/protocol.js';
 import type { ShellSession } from '../../lib/shell/session.js';
 import { startTestSession } from './helpers.js';
 import { waitFor } from '../helpers.js';
@@ -320,6 +322,88 @@ describe('concurrency and speed', () => {
     console.log(`round trip of \`true 'x'\` (with bash -n spawn): median ${t3[25]!.toFixed(2)} ms`);
   });
 });
+
+describe('long commands (typed as a chain of lines, each under the terminal\'s line limit)', () => {
+  // Every byte value but NUL, multi-byte characters, quotes, `!`, and
+  // control characters the line discipline would act on if typed raw.
+  const body = Array.from({ length: 2500 }, (_, i) => `${i}: 'q' "d" \\ $HOME !x é€😀 ${String.fromCharCode(1 + (i % 126))}\r\x03\x04\x15`).join('\n');
+  const heredoc = (file: string) => `cat > ${file} <<'MSBX_EOF'\n${body}\nMSBX_EOF\nsha256sum < ${file} | cut -c1-64; wc -c < ${file}`;
+  const expected = () => {
+    const bytes = Buffer.from(body + '\n', 'utf8');
+    return `${createHash('sha256').update(bytes).digest('hex')}\n${bytes.length}\n`;
+  };
+
+  for (const readline of [false, true]) {
+    test(`a ${Math.round(body.length / 1024)} KB heredoc arrives byte for byte (${readline ? 'with' : 'without'} readline)`, async () => {
+      const t = readline ? await startTestSession({ readline: true }) : s;
+      try {
+        const cmd = heredoc(join(dir, `heredoc-${readline}`));
+        expect(protocolLines(cmd).length).toBeGreaterThan(20);
+        const started = performance.now();
+        const r = await t.run(cmd, { timeoutMs: 60_000 });
+        console.log(`${Buffer.byteLength(cmd)} B heredoc ${readline ? 'with' : 'without'} readline: ${(performance.now() - started).toFixed(0)} ms`);
+        expect(r.output).toBe(expected());
+        expect((await t.run('echo "[$__ms_c][$__ms_k]"')).output).toBe('[][]\n');
+      } finally {
+        if (readline) await t.close();
+      }
+    });
+  }
+
+  test('a chain partly read by a program still running on the terminal runs nothing of it, and says so', async () => {
+    const t = await startTestSession();
+    try {
+      const eaten = join(dir, 'eaten');
+      const ran = join(dir, 'ran');
+      await expect(t.run(`head -n 2 > ${eaten}`, { timeoutMs: 300 })).rejects.toThrow(CommandTimeoutError);
+      // Its first two lines go to head; the rest reach the shell.
+      const cmd = `touch ${ran}; : ${'x'.repeat(3 * MAX_TYPED_LINE)}`;
+      expect(protocolLines(cmd).length).toBeGreaterThan(3);
+      const r = await t.run(cmd, { check: 'silent', timeoutMs: 10_000 });
+      expect(r.exitCode).toBe(1);
+      expect(r.output).toContain('part of this command was read by a program still running on the terminal; nothing of it was run');
+      expect(existsSync(ran)).toBe(false);
+      expect(readFileSync(eaten, 'utf8').split('\n')).toHaveLength(3); // two lines, then the end
+      // The session goes on as before.
+      expect((await t.run(`touch ${ran} && echo ok`)).output).toBe('ok\n');
+      expect(existsSync(ran)).toBe(true);
+    } finally {
+      await t.close();
+    }
+  });
+
+  test('an environment variable longer than a typed line, and every startup line under the limit', async () => {
+    const big = `${'é'.repeat(4000)}'\n!\\$x`;
+    const t = await startTestSession({ env: { MS_BIG: big, MS_SMALL: 'a b' } });
+    try {
+      expect((await t.run('printf %s "$MS_BIG" | sha256sum | cut -c1-64')).output).toBe(`${createHash('sha256').update(big).digest('hex')}\n`);
+      expect((await t.run('bash -c \'echo "${#MS_BIG} $MS_SMALL"\'')).output).toBe(`${[...big].length} a b\n`);
+      expect(t.startupOutput).toBe('');
+    } finally {
+      await t.close();
+    }
+    const lines = new ShellProtocol('n').startupLines({ env: { MS_BIG: big, A: 'x'.repeat(10_000) }, startupSource: ['/x'] });
+    expect(lines.length).toBeGreaterThan(3);
+    for (const l of lines) expect(l.length).toBeLessThanOrEqual(MAX_TYPED_LINE);
+  });
+
+  test('every typed line stays under the limit, whatever the command and run number', () => {
+    const p = new ShellProtocol('0123456789ab');
+    for (const n of [0, 1, 3700, 3800, 3900, 20_000]) {
+      for (const id of [1, 99_999_999]) {
+        for (const ch of ['x', '\x01', 'é']) {
+          const lines = p.commandLines(ch.repeat(n), id);
+          for (const l of lines) expect(l.length).toBeLessThanOrEqual(MAX_TYPED_LINE);
+          if (lines.length === 1) expect(lines[0]).toContain(`__ms_id=${id}; builtin eval $'`);
+        }
+      }
+    }
+  });
+});
+
+function protocolLines(cmd: string): string[] {
+  return new ShellProtocol('n').commandLines(cmd, 1);
+}
 
 describe('startup and close', () => {
   test('startup files are sourced and env is exported', async () => {
