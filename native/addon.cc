@@ -6,7 +6,6 @@
 #include <linux/sched.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -193,9 +192,9 @@ std::string RetireSpawner() {
   return how;
 }
 
-// Starts the spawner: posix_spawn (a vfork in glibc, no copy of Node's page
-// tables), its socket end as fd 3, /dev/null for 0-2, an empty environment
-// and default signals; then waits for its hello.
+// Starts the spawner (SpawnHelper: no copy of Node's page tables, an empty
+// environment, default signals) with its socket end as fd 3 and /dev/null
+// for 0-2; then waits for its hello.
 bool StartSpawner(SpawnReply& reply) {
   SpawnerState& s = g_spawner;
   int sv[2];
@@ -209,29 +208,13 @@ bool StartSpawner(SpawnReply& reply) {
   std::string owner = std::to_string(getpid());
   char name[] = "msbx-spawner";
   char* argv[] = {name, owner.data(), nullptr};
-  char* no_env[] = {nullptr};
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, sv[1], 3);
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, s.path.c_str(), &fa, &attr, argv, no_env);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
+  pid_t pid = SpawnHelper(s.path.c_str(), argv,
+                          {HelperFd::Open(0, "/dev/null", O_RDONLY), HelperFd::Open(1, "/dev/null", O_WRONLY),
+                           HelperFd::Open(2, "/dev/null", O_WRONLY), HelperFd::Dup(sv[1], 3)});
   close(sv[1]);
-  if (rc != 0) {
+  if (pid < 0) {
     close(sv[0]);
-    return reply.what = "starting the sandbox spawner " + s.path, reply.err = rc, false;
+    return reply.what = "starting the sandbox spawner " + s.path, reply.err = -pid, false;
   }
   s.sock = sv[0];
   s.pid = pid;

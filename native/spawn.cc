@@ -205,12 +205,28 @@ bool CloneSourcesInParent(Plan& plan, FdSet& child_only, SpawnReply& reply) {
   return true;
 }
 
+// posix_spawn's attributes and file actions, destroyed on scope exit.
+struct SpawnSetup {
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  int err = 0;  // the first error of the set-up calls
+  SpawnSetup() {
+    Check(posix_spawn_file_actions_init(&actions));
+    Check(posix_spawnattr_init(&attr));
+  }
+  ~SpawnSetup() {
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attr);
+  }
+  void Check(int rc) {
+    if (rc != 0 && err == 0) err = rc;
+  }
+};
+
 // Runs a setuid map helper (newuidmap/newgidmap) for the child `pid`:
-// `argv` as the plan built it, with argv[1] replaced by the pid. posix_spawn
-// (glibc: CLONE_VM|CLONE_VFORK, safe in threaded Node) with stdin from
-// /dev/null and stdout/stderr into a pipe, read for the error message; the
-// helper is waited for by its own pid, as libuv reaps only its own children.
-// On failure `what` says which helper failed and how, in its own words.
+// `argv` as the plan built it, with argv[1] replaced by the pid, stdin from
+// /dev/null and stdout/stderr into a pipe, read for the error message. On
+// failure `what` says which helper failed and how, in its own words.
 bool RunMapper(const std::vector<std::string>& argv_in, pid_t pid, std::string& what) {
   std::vector<std::string> argv = argv_in;
   argv[1] = std::to_string(pid);
@@ -219,32 +235,14 @@ bool RunMapper(const std::vector<std::string>& argv_in, pid_t pid, std::string& 
   std::vector<char*> ptrs;
   for (std::string& a : argv) ptrs.push_back(a.data());
   ptrs.push_back(nullptr);
-  char* no_env[] = {nullptr};
   int out[2];
   if (pipe2(out, O_CLOEXEC) < 0) return what = ErrnoText("pipe2 for " + cmdline, errno), false;
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 2);
-  // Node (and the spawner) block and handle signals of their own: the
-  // helper gets defaults.
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  pid_t helper = -1;
-  int rc = posix_spawn(&helper, ptrs[0], &fa, &attr, ptrs.data(), no_env);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
+  pid_t helper = SpawnHelper(ptrs[0], ptrs.data(),
+                             {HelperFd::Open(0, "/dev/null", O_RDONLY), HelperFd::Dup(out[1], 1), HelperFd::Dup(out[1], 2)});
   close(out[1]);
-  if (rc != 0) {
+  if (helper < 0) {
     close(out[0]);
-    return what = ErrnoText("running " + cmdline, rc), false;
+    return what = ErrnoText("running " + cmdline, -helper), false;
   }
   std::string msg;
   char buf[512];
@@ -309,6 +307,25 @@ long Clone(uint64_t flags, int* pidfd) {
 }
 
 }  // namespace
+
+pid_t SpawnHelper(const char* file, char* const argv[], std::initializer_list<HelperFd> fds) {
+  SpawnSetup setup;
+  for (const HelperFd& f : fds) {
+    setup.Check(f.path ? posix_spawn_file_actions_addopen(&setup.actions, f.target, f.path, f.open_flags, 0)
+                       : posix_spawn_file_actions_adddup2(&setup.actions, f.source, f.target));
+  }
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  setup.Check(posix_spawnattr_setsigmask(&setup.attr, &none));
+  setup.Check(posix_spawnattr_setsigdefault(&setup.attr, &all));
+  setup.Check(posix_spawnattr_setflags(&setup.attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF));
+  if (setup.err != 0) return -setup.err;
+  char* no_env[] = {nullptr};
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, file, &setup.actions, &setup.attr, argv, no_env);
+  return rc != 0 ? -rc : pid;
+}
 
 bool CloneSandbox(SpawnRequest& rq, SpawnReply& reply) {
   Plan& plan = rq.plan;

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,6 +47,26 @@ struct SpawnReply {
 // was made, is killed and reaped. The caller keeps (and closes) every fd of
 // `request`.
 bool CloneSandbox(SpawnRequest& request, SpawnReply& reply);
+
+// One fd a helper program starts with: `target` opened from `path`, or a
+// copy (dup2) of our `source`.
+struct HelperFd {
+  int target;
+  const char* path;  // nullptr: a copy of `source`
+  int open_flags;
+  int source;
+  static HelperFd Open(int target, const char* path, int flags) { return {target, path, flags, -1}; }
+  static HelperFd Dup(int source, int target) { return {target, nullptr, 0, source}; }
+};
+
+// Starts a helper program of ours (the spawner, newuidmap/newgidmap) with
+// `argv`, an empty environment, `fds` set up in order, default signal
+// dispositions and an empty signal mask: Node and the spawner block and
+// handle signals of their own, none of which the helper should inherit.
+// posix_spawn, in glibc a CLONE_VM|CLONE_VFORK clone: no copy of the
+// caller's page tables, and safe in threaded Node. The caller waits for it
+// by its pid (libuv reaps only its own children). The pid, or -errno.
+pid_t SpawnHelper(const char* file, char* const argv[], std::initializer_list<HelperFd> fds);
 
 // "what: ENOENT (No such file or directory)".
 std::string ErrnoText(const std::string& what, int err);

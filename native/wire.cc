@@ -1,6 +1,6 @@
-// Encoding of spawn requests and replies (see wire.h). One function walks
-// the request's fields for both directions, so encoder and decoder cannot
-// drift apart.
+// Encoding of spawn requests and replies (see wire.h). One Visit per
+// message walks its fields for both directions (Out encodes, In decodes), so
+// encoder and decoder cannot drift apart: a field is added in one place.
 #include "wire.h"
 
 #include <errno.h>
@@ -9,9 +9,13 @@
 
 #include <cstring>
 #include <memory>
+#include <type_traits>
 
 namespace msbx::wire {
 namespace {
+
+// int fields (fds, targets, errnos) go on the wire as int32_t as they are.
+static_assert(std::is_same_v<int, int32_t>);
 
 struct Out {
   std::string& buf;
@@ -104,6 +108,20 @@ struct In {
   }
 };
 
+// A field held in memory as another type than the one on the wire (an enum,
+// a uint16_t, a long), converted each way.
+template <class Wire, class V, class T>
+void As(V& v, T& field) {
+  Wire x = static_cast<Wire>(field);
+  if constexpr (std::is_same_v<Wire, uint32_t>) v.U32(x);
+  else if constexpr (std::is_same_v<Wire, uint64_t>) v.U64(x);
+  else {
+    static_assert(std::is_same_v<Wire, int32_t>, "on the wire: uint32_t, uint64_t or int32_t");
+    v.I32(x);
+  }
+  if constexpr (V::kDecoding) field = static_cast<T>(x);
+}
+
 template <class V>
 void VisitStrs(V& v, std::vector<std::string>& list) {
   v.List(list, [&](std::string& s) { v.Str(s); });
@@ -112,9 +130,7 @@ void VisitStrs(V& v, std::vector<std::string>& list) {
 template <class V>
 void VisitOps(V& v, std::vector<MountOp>& ops) {
   v.List(ops, [&](MountOp& m) {
-    int32_t kind = static_cast<int32_t>(m.kind);
-    v.I32(kind);
-    m.kind = static_cast<OpKind>(kind);
+    As<int32_t>(v, m.kind);
     v.U32(m.flags);
     v.U32(m.mode);
     v.Str(m.src);
@@ -131,7 +147,7 @@ void VisitOps(V& v, std::vector<MountOp>& ops) {
 // child). Not sent: plan.stdio (the addon has turned it into plan.fds),
 // plan.source_fds (made by the spawner), the argv/env pointers (finalize()).
 template <class V>
-void VisitRequest(V& v, SpawnRequest& rq) {
+void Visit(V& v, SpawnRequest& rq) {
   Plan& p = rq.plan;
   v.Bool(rq.enter);
   v.Fd(rq.target_pidfd);
@@ -177,22 +193,15 @@ void VisitRequest(V& v, SpawnRequest& rq) {
   v.Bool(p.new_session);
   v.Bool(p.die_with_parent);
   v.Bool(p.pty);
-  uint32_t cols = p.pty_cols, rows = p.pty_rows;
-  v.U32(cols);
-  v.U32(rows);
-  p.pty_cols = static_cast<uint16_t>(cols);
-  p.pty_rows = static_cast<uint16_t>(rows);
+  As<uint32_t>(v, p.pty_cols);
+  As<uint32_t>(v, p.pty_rows);
   v.List(p.rlimits, [&](Rlimit& r) {
-    int32_t res = r.resource;
-    v.I32(res);
-    r.resource = res;
+    v.I32(r.resource);
     v.U64(r.soft);
     v.U64(r.hard);
   });
   v.List(p.fds, [&](FdMapping& f) {
-    int32_t target = f.target;
-    v.I32(target);
-    f.target = target;
+    v.I32(f.target);
     v.Fd(f.source);
   });
   v.Str(p.seccomp);
@@ -201,56 +210,48 @@ void VisitRequest(V& v, SpawnRequest& rq) {
   v.List(p.cgroup_fds, [&](int& fd) { v.Fd(fd); });
 }
 
-}  // namespace
-
-void EncodeRequest(const SpawnRequest& rq, std::string& out, std::vector<int>& fds) {
-  Out o{out, fds};
-  VisitRequest(o, const_cast<SpawnRequest&>(rq));
+// The reply: the child's pid and pidfd, or the failing step.
+template <class V>
+void Visit(V& v, SpawnReply& r) {
+  As<uint64_t>(v, r.pid);
+  v.Fd(r.pidfd);
+  v.List(r.idmap_fallbacks, [&](std::pair<int, int>& f) {
+    v.I32(f.first);
+    v.I32(f.second);
+  });
+  v.I32(r.err);
+  v.Str(r.what);
 }
 
-bool DecodeRequest(const std::string& in, const std::vector<int>& fds, SpawnRequest& rq, std::string& error) {
+// The encoder only reads `msg`; Visit takes it non-const for the decoder.
+template <class Message>
+void Encode(const Message& msg, std::string& out, std::vector<int>& fds) {
+  Out o{out, fds};
+  Visit(o, const_cast<Message&>(msg));
+}
+
+// False on a malformed buffer: short, or with bytes left over.
+template <class Message>
+bool Decode(const std::string& in, const std::vector<int>& fds, Message& msg) {
   In i{in.data(), in.data() + in.size(), fds};
-  VisitRequest(i, rq);
-  if (!i.ok || i.p != i.end) return error = "malformed spawn request", false;
+  Visit(i, msg);
+  return i.ok && i.p == i.end;
+}
+
+}  // namespace
+
+void EncodeRequest(const SpawnRequest& rq, std::string& out, std::vector<int>& fds) { Encode(rq, out, fds); }
+
+bool DecodeRequest(const std::string& in, const std::vector<int>& fds, SpawnRequest& rq, std::string& error) {
+  if (!Decode(in, fds, rq)) return error = "malformed spawn request", false;
   if (rq.plan.fds.size() > 64) return error = "too many fds in the spawn request", false;
   rq.plan.finalize();
   return true;
 }
 
-void EncodeReply(const SpawnReply& reply, std::string& out, std::vector<int>& fds) {
-  Out o{out, fds};
-  SpawnReply& r = const_cast<SpawnReply&>(reply);
-  uint64_t pid = static_cast<uint64_t>(r.pid);
-  o.U64(pid);
-  o.Fd(r.pidfd);
-  o.List(r.idmap_fallbacks, [&](std::pair<int, int>& f) {
-    int32_t op = f.first, err = f.second;
-    o.I32(op);
-    o.I32(err);
-  });
-  int32_t err = r.err;
-  o.I32(err);
-  o.Str(r.what);
-}
+void EncodeReply(const SpawnReply& reply, std::string& out, std::vector<int>& fds) { Encode(reply, out, fds); }
 
-bool DecodeReply(const std::string& in, const std::vector<int>& fds, SpawnReply& r) {
-  In i{in.data(), in.data() + in.size(), fds};
-  uint64_t pid = 0;
-  i.U64(pid);
-  r.pid = static_cast<long>(pid);
-  i.Fd(r.pidfd);
-  i.List(r.idmap_fallbacks, [&](std::pair<int, int>& f) {
-    int32_t op = 0, err = 0;
-    i.I32(op);
-    i.I32(err);
-    f = {op, err};
-  });
-  int32_t err = 0;
-  i.I32(err);
-  r.err = err;
-  i.Str(r.what);
-  return i.ok && i.p == i.end;
-}
+bool DecodeReply(const std::string& in, const std::vector<int>& fds, SpawnReply& reply) { return Decode(in, fds, reply); }
 
 namespace {
 

@@ -2,7 +2,7 @@
 // socket, the fds it names attached with SCM_RIGHTS.
 //
 //   header (24 bytes): magic "MSBX", version, kind, fd count, payload length
-//   payload: the fields, in the order VisitRequest/EncodeReply give them
+//   payload: the fields, in the order wire.cc's Visit gives them
 //
 // The header and its fds go in one sendmsg(), the payload after it: a stream
 // socket takes a payload of any size (a write-file op may carry a large file),

@@ -5,10 +5,10 @@
  * zombie, and carries 256 concurrent creates.
  */
 import { fork, spawnSync } from 'node:child_process';
-import { chmodSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { chmodSync, readdirSync, readFileSync, readlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ExecError, Sandbox, SpawnerError, run } from '../../lib/sandbox/index.js';
+import { ExecError, NamespaceError, Sandbox, SpawnerError, run } from '../../lib/sandbox/index.js';
 import { native, setSpawnMode, type NativePlan } from '../../lib/native/index.js';
 import { callNative } from '../../lib/sandbox/process.js';
 import { hostPidsMatching, parentPid, tempDir, uniqueSleep, waitFor } from '../helpers.js';
@@ -207,6 +207,45 @@ describe('the spawner', () => {
     }
     expect(await waitFor(() => zombiesOf(native.spawnerInfo().pid!).length === 0)).toBe(true);
   }, 300_000);
+
+  it('starts with /dev/null on 0-2, its socket on 3, no environment, and no ignored signal of Node\'s', async () => {
+    const spawner = await runningSpawner();
+    const fds = [0, 1, 2, 3].map((fd) => readlinkSync(`/proc/${spawner}/fd/${fd}`));
+    expect(fds.slice(0, 3)).toEqual(['/dev/null', '/dev/null', '/dev/null']);
+    expect(fds[3]).toMatch(/^socket:\[\d+\]$/);
+    expect(readFileSync(`/proc/${spawner}/environ`, 'utf8')).toBe('');
+    const status = readFileSync(`/proc/${spawner}/status`, 'utf8');
+    const mask = (field: string) => BigInt(`0x${new RegExp(`^${field}:\\s*([0-9a-f]+)$`, 'm').exec(status)![1]}`);
+    const bit = (signal: number) => 1n << BigInt(signal - 1);
+    const classic = bit(32) - 1n; // signals 1-31; glibc keeps two real-time ones of its own
+    // Node ignores SIGPIPE and SIGXFSZ; the spawner ignores SIGPIPE itself
+    // and blocks SIGCHLD for its signalfd, and nothing else.
+    expect(mask('SigIgn') & classic).toBe(bit(13));
+    expect(mask('SigBlk')).toBe(bit(17));
+  });
+
+  it('that cannot be started fails the spawn with an error naming the file and the errno', async () => {
+    const dir = tempDir('msbx-spawner-');
+    try {
+      const notExecutable = join(dir.path, 'msbx-spawner');
+      writeFileSync(notExecutable, '#!/bin/sh\n');
+      chmodSync(notExecutable, 0o644);
+      const cases: [string, string][] = [
+        [join(dir.path, 'missing'), 'ENOENT'],
+        [notExecutable, 'EACCES'],
+      ];
+      for (const [file, code] of cases) {
+        native.configureSpawner(file);
+        const err = await run({ argv: ['/bin/true'] }).catch((e: unknown) => e);
+        expect(err).toBeInstanceOf(NamespaceError);
+        expect(err).toMatchObject({ code, message: expect.stringContaining(`starting the sandbox spawner ${file}: ${code} (`) });
+      }
+    } finally {
+      expect(setSpawnMode('spawner').mode).toBe('spawner');
+      dir.remove();
+    }
+    expect((await run({ argv: ['/bin/sh', '-c', 'echo spawner'] })).stdout).toBe('spawner\n');
+  });
 
   it('is chosen by MINISANDBOX_SPAWNER, and doctor says which path is in use', () => {
     const entry = new URL('../../dist/lib/sandbox/index.js', import.meta.url).pathname;
