@@ -99,6 +99,9 @@ export function spawnBashN(text: Buffer | string, bashPath = 'bash'): Promise<Sy
  * (after the previous answer), so neither the fork nor the exit of that
  * subshell (each ~1 ms on a loaded VM) is on a check's path. The subshell
  * evals CHILD, whose lines run one at a time:
+ * - a throwaway parse and run of `:`: the subshell's first writes to memory
+ *   it shares with the checker copy pages (copy-on-write faults, slow on a
+ *   VM), and this takes most of them before the request comes, not after;
  * - it reads the request (LC_ALL=C, so that `read -N` counts bytes; -N on a
  *   pipe reads in blocks, a 100 KB command is a few reads);
  * - `set -e`, then an inner eval of "set -n", a newline, and the command. In
@@ -119,7 +122,8 @@ export function spawnBashN(text: Buffer | string, bashPath = 'bash'): Promise<Sy
  * its status, which ends the request's output. Exit 125 is the subshell's
  * way of saying that stdin ended: Node is gone, so the checker exits.
  */
-const CHILD = String.raw`IFS= builtin read -r n || builtin exit 125
+const CHILD = String.raw`builtin eval $': "warm" $up\n: up'
+IFS= builtin read -r n || builtin exit 125
 cmd=
 if (( n > 0 )); then IFS= builtin read -r -N "$n" cmd || builtin exit 125; fi
 builtin set -e
