@@ -97,8 +97,10 @@ export function spawnBashN(text: Buffer | string, bashPath = 'bash'): Promise<Sy
  *
  * Each request is checked by a subshell forked while the checker is idle
  * (after the previous answer), so neither the fork nor the exit of that
- * subshell (each ~1 ms on a loaded VM) is on a check's path. The subshell
- * evals CHILD, whose lines run one at a time:
+ * subshell (each ~1 ms on a loaded VM) is on the path of a check that comes
+ * while the checker is idle, as an agent's next command does. (Checks back
+ * to back wait for the previous subshell's exit and the next fork.) The
+ * subshell evals CHILD, whose lines run one at a time:
  * - a throwaway parse and run of `:`: the subshell's first writes to memory
  *   it shares with the checker copy pages (copy-on-write faults, slow on a
  *   VM), and this takes most of them before the request comes, not after;
