@@ -4,6 +4,11 @@
  * - exec of `true` in a running sandbox (target: median <= 2 ms, and at
  *   least 20x faster than `docker exec` into a running container);
  * - a session.run('true') round trip (target: median <= 2 ms);
+ * - the syntax check of an agent's command (quotes, a pipe, `$`), which
+ *   session.run does on the host first: a spawned `bash -n` per check (as
+ *   before the checker, kept here as the peer) against the long-lived
+ *   checker, back to back and one per step (a session.run between checks,
+ *   as in a rollout), and for a 100 KB heredoc (target: median < 1 ms);
  * - 256 sandboxes created concurrently: total time, sandboxes per second,
  *   memory per idle sandbox (target: under 4 MB besides the shell).
  *
@@ -13,6 +18,7 @@ import { readFileSync } from 'node:fs';
 import { cpus, loadavg, release } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { Sandbox } from '../lib/index.js';
+import { checkBashSyntax, spawnBashN } from '../lib/shell/syntax.js';
 import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
 import { exec } from './lib/proc.js';
 import { formatMs, formatRatio, formatTable } from '../lib/format.js';
@@ -39,6 +45,15 @@ function parseArgs(argv: string[]): Options {
 }
 
 const log = (msg: string) => process.stderr.write(`[bench] ${msg}\n`);
+
+/** A command of the kind agents send: quotes, a pipe and `$`, so not trivially valid. */
+const AGENT_COMMAND = `grep -rn "def main" src/ | head -n 5 && echo "done in $PWD"`;
+
+/** An agent writing a file with a heredoc: ~100 KB of Python. */
+function heredoc100k(): string {
+  const body = Array.from({ length: 4000 }, (_, i) => `value_${i} = "x" * ${i}  # $HOME \`q\` 'single'\n`).join('').slice(0, 100_000);
+  return `cat > /tmp/big.py <<'EOF'\n${body}\nEOF\n`;
+}
 
 /** Proportional set size of a process tree's members, in bytes. */
 function pssOf(pid: number): number {
@@ -111,6 +126,17 @@ async function main(): Promise<void> {
   const session = await sb.shell();
   log(`session.run('true'): ${o.iterations} runs`);
   const sessionTrue = summarize(await timeMany(o.iterations, 10, () => session.run('true')));
+  log(`syntax check: spawned bash -n against the checker, ${o.iterations} runs each`);
+  const expectOk = (r: { ok: boolean; stderr: string }) => {
+    if (!r.ok) throw new Error(`syntax check failed: ${r.stderr}`);
+  };
+  const checkOld = summarize(await timeMany(o.iterations, 10, async () => expectOk(await spawnBashN(AGENT_COMMAND))));
+  const checkNew = summarize(await timeMany(o.iterations, 10, async () => expectOk(await checkBashSyntax(AGENT_COMMAND))));
+  const checkStep = summarize(await timeMany(o.iterations, 10, async () => expectOk(await checkBashSyntax(AGENT_COMMAND)), () => session.run('true')));
+  const big = heredoc100k();
+  const bigN = Math.max(10, o.iterations / 10);
+  const checkBigOld = summarize(await timeMany(bigN, 3, async () => expectOk(await spawnBashN(big))));
+  const checkBigNew = summarize(await timeMany(bigN, 3, async () => expectOk(await checkBashSyntax(big)), () => session.run('true')));
   await session.close();
   await sb.close();
 
@@ -134,6 +160,7 @@ async function main(): Promise<void> {
     execTrue,
     execNoFilter,
     sessionTrue,
+    syntaxCheck: { command: AGENT_COMMAND, spawned: checkOld, checker: checkNew, checkerPerStep: checkStep, heredoc100k: { spawned: checkBigOld, checkerPerStep: checkBigNew } },
     docker,
     concurrent: { requested: o.concurrent, created: ok.length, failed, totalMs, perSecond: (ok.length / totalMs) * 1000, allAnswered: answers.every(Boolean) },
     memory: { perSandboxBytes: memPerSandbox, pssPerInitBytes: pssPerInit },
@@ -143,7 +170,7 @@ async function main(): Promise<void> {
     return;
   }
   const row = (name: string, s: Summary) => [name, String(s.n), formatMs(s.median), formatMs(s.p95), formatMs(s.mean)];
-  const rows = [['', 'n', 'median', 'p95', 'mean'], row('Sandbox.create + first exec', create), row('exec true (running sandbox)', execTrue), row("exec true, seccomp 'none'", execNoFilter), row("session.run('true')", sessionTrue)];
+  const rows = [['', 'n', 'median', 'p95', 'mean'], row('Sandbox.create + first exec', create), row('exec true (running sandbox)', execTrue), row("exec true, seccomp 'none'", execNoFilter), row("session.run('true')", sessionTrue), row('syntax check, spawned bash -n (before)', checkOld), row('syntax check, checker, back to back', checkNew), row('syntax check, checker, one per step', checkStep), row('100 KB heredoc, spawned bash -n', checkBigOld), row('100 KB heredoc, checker, one per step', checkBigNew)];
   if (typeof docker !== 'string') rows.push(row('docker exec true (running container)', docker));
   const verdict = (ok: boolean) => (ok ? 'PASS' : 'FAIL');
   const lines = [
@@ -158,6 +185,8 @@ async function main(): Promise<void> {
       ? `docker exec: ${docker}`
       : `docker exec median / exec median = ${formatRatio(docker.median / execTrue.median)} (target >= 20): ${verdict(docker.median / execTrue.median >= 20)}`,
     `session.run('true') median ${formatMs(sessionTrue.median)} (target <= 2 ms): ${verdict(sessionTrue.median <= 2)}`,
+    `syntax check median: spawned bash -n ${formatMs(checkOld.median)}, checker ${formatMs(checkNew.median)} back to back (${formatRatio(checkOld.median / checkNew.median)} faster), ${formatMs(checkStep.median)} one per step (${formatRatio(checkOld.median / checkStep.median)} faster; target < 1 ms): ${verdict(checkStep.median < 1)}`,
+    `100 KB heredoc check median: spawned bash -n ${formatMs(checkBigOld.median)}, checker ${formatMs(checkBigNew.median)} (${formatRatio(checkBigOld.median / checkBigNew.median)})`,
     `${o.concurrent} concurrent creates: ${ok.length} ok, ${failed.length} failed${failed.length ? ` (${failed[0]})` : ''}, ${formatMs(totalMs)} total, ${((ok.length / totalMs) * 1000).toFixed(0)} sandboxes/s, all answered: ${answers.every(Boolean)}`,
     `memory per idle sandbox: ${(memPerSandbox / 1024 / 1024).toFixed(2)} MB by MemAvailable, ${(pssPerInit / 1024 / 1024).toFixed(2)} MB PSS of its PID 1 (target < 4 MB): ${verdict(memPerSandbox < 4 * 1024 * 1024)}`,
   ];

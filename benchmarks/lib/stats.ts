@@ -88,11 +88,16 @@ export async function timeRounds(n: number, warmup: number, fns: readonly (() =>
   return samples;
 }
 
-/** n samples (ms) of fn, run one after another after `warmup` untimed runs. */
-export async function timeMany(n: number, warmup: number, fn: () => Promise<unknown>): Promise<number[]> {
+/**
+ * n samples (ms) of fn, run one after another after `warmup` untimed runs;
+ * `between`, if given, runs untimed before each sample (the rest of a step,
+ * for work that is never done back to back in real use).
+ */
+export async function timeMany(n: number, warmup: number, fn: () => Promise<unknown>, between?: () => Promise<unknown>): Promise<number[]> {
   for (let i = 0; i < warmup; i++) await fn();
   const samples: number[] = [];
   for (let i = 0; i < n; i++) {
+    if (between) await between();
     const t = performance.now();
     await fn();
     samples.push(performance.now() - t);
