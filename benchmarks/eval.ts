@@ -21,7 +21,6 @@ import { mkdtempSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
 import { removeTree } from '../lib/files/fsTree.js';
 import { openStore } from '../lib/layers/store.js';
 import * as policy from '../lib/sandbox/policy.js';
@@ -32,6 +31,7 @@ import { prepareTasks } from '../lib/swe/pipeline/prepare.js';
 import { TESTBED, type PreparedTask } from '../lib/swe/pipeline/types.js';
 import type { Task } from '../lib/swe/tasks.js';
 import { dockerCommand, DockerUnavailable, ensureDocker, importImage, stopDocker, type DockerHandle } from './lib/docker.js';
+import { count, flag, readArgs } from './lib/args.js';
 import { exec } from './lib/proc.js';
 
 async function execOk(file: string, args: string[]): Promise<void> {
@@ -171,8 +171,8 @@ async function benchDocker(tasks: Task[], prepared: Map<string, PreparedTask>, r
 }
 
 async function main(): Promise<void> {
-  const { values } = parseArgs({ options: { rounds: { type: 'string' }, 'no-docker': { type: 'boolean' } } });
-  const rounds = Number(values.rounds ?? 5);
+  const values = readArgs('usage: node dist/benchmarks/eval.js [--rounds N] [--no-docker]', { rounds: count(5), 'no-docker': flag() });
+  const rounds = values.rounds;
   const dir = mkdtempSync(join(tmpdir(), 'minisandbox-eval-bench-'));
   try {
     const demo = createDemoTaskSet(join(dir, 'taskset'));

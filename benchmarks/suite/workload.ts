@@ -20,7 +20,6 @@ import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join, relative, resolve } from 'node:path';
-import { parseArgs } from 'node:util';
 import { pathToFileURL } from 'node:url';
 import { openStore } from '../../lib/layers/index.js';
 import { deriveTestLists } from '../../lib/swe/derive.js';
@@ -30,6 +29,7 @@ import { TaskEnvs } from '../../lib/swe/pipeline/taskEnvs.js';
 import { evaluateAll, prepareTasks } from '../../lib/swe/pipeline/index.js';
 import { loadTasks, type Task } from '../../lib/swe/tasks.js';
 import { dockerCommand, DockerUnavailable, ensureDocker, hostImagePaths, importImage, stopDocker, type DockerHandle } from '../lib/docker.js';
+import { flag, readArgs, text } from '../lib/args.js';
 import { exec } from '../lib/proc.js';
 import { INDEX_URL, indexesMissing, pipIndexArgs, serveIndexes, WHEEL_DIRS } from './packageIndex.js';
 import { BUGS, ENVS, instanceId, QUICK, releaseOf, REPOS, type BugSpec, type EnvSpec, type RepoSpec } from './specs.js';
@@ -495,7 +495,7 @@ async function check(w: Workload): Promise<boolean> {
 }
 
 async function main(): Promise<void> {
-  const { values } = parseArgs({ options: { quick: { type: 'boolean' }, docker: { type: 'boolean' }, cache: { type: 'string' }, check: { type: 'boolean' } } });
+  const values = readArgs('usage: node dist/benchmarks/suite/workload.js [--quick] [--docker] [--cache DIR] [--check]', { quick: flag(), docker: flag(), cache: text(), check: flag() });
   const controller = new AbortController();
   process.once('SIGINT', () => controller.abort(new Error('SIGINT')));
   const t0 = performance.now();
