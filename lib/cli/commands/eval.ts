@@ -4,6 +4,7 @@ import { JOBS_OPTION, STORE_OPTION, TEST_TIMEOUT_OPTION } from '../options.js';
 import { ISOLATION_OPTION, readPredictions, readTasks, runEvaluation } from '../swe.js';
 import type { TaskIsolation } from '../../swe/tasks.js';
 import { QUEUE_OPTIONS, runQueueEvaluation } from '../cluster.js';
+import { REDIS_FLAGS, refuseWithoutQueue } from '../redis.js';
 
 const evalCommand: Command = {
   spec: {
@@ -70,9 +71,7 @@ errors), 2 on usage errors.`,
       });
       return run.error_instances === 0 && rejected === 0 && predictions.rejected === 0 ? 0 : 1;
     }
-    for (const flag of ['--redis-password-file', '--redis-ca', '--redis-cert', '--redis-key', '--run-id']) {
-      if (args.has(flag)) throw new UsageError(`${flag} is an option of --queue`);
-    }
+    refuseWithoutQueue(args, [...REDIS_FLAGS, '--run-id']);
     const { report: run } = await runEvaluation({
       tasks,
       predictions: predictions.predictions,

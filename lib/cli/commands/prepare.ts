@@ -4,6 +4,7 @@ import { JOBS_OPTION, STORE_OPTION } from '../options.js';
 import { ISOLATION_OPTION, prepareWithProgress, readTasks } from '../swe.js';
 import type { TaskIsolation } from '../../swe/tasks.js';
 import { QUEUE_OPTIONS, runQueuePrepare } from '../cluster.js';
+import { REDIS_FLAGS, refuseWithoutQueue } from '../redis.js';
 
 const prepareCommand: Command = {
   spec: {
@@ -24,15 +25,19 @@ theirs (docs/cluster.md).`,
 (or none could be read), 2 on usage errors.`,
   },
   async run(args) {
-    const { tasks, rejected } = readTasks(args.positionals[0] as string);
+    // The command line first: a usage error before the task file is read.
     if (args.has('--queue')) {
       for (const [flag, instead] of [['--store', "each worker's --store"], ['--jobs', "each worker's --slots"]] as const) {
         if (args.has(flag)) throw new UsageError(`${flag} does not apply with --queue: the workers prepare (${instead})`);
       }
-      const failed = await runQueuePrepare(args, tasks, rejected, args.get<TaskIsolation>('--isolation'));
+    } else refuseWithoutQueue(args, REDIS_FLAGS);
+    const { tasks, rejected } = readTasks(args.positionals[0] as string);
+    const isolation = args.get<TaskIsolation>('--isolation');
+    if (args.has('--queue')) {
+      const failed = await runQueuePrepare(args, tasks, rejected, isolation);
       return failed === 0 && rejected === 0 ? 0 : 1;
     }
-    const result = await prepareWithProgress(tasks, args.get('--store')!, args.get<number>('--jobs')!, rejected, args.get<TaskIsolation>('--isolation'));
+    const result = await prepareWithProgress(tasks, args.get('--store')!, args.get<number>('--jobs')!, rejected, isolation);
     return result.failures.length === 0 && rejected === 0 ? 0 : 1;
   },
 };
