@@ -540,10 +540,11 @@ export async function runSuite(o: SuiteOptions, signal: AbortSignal): Promise<Su
       log('preparing the MiniSandbox side (venv and repository layers; cached after the first run)');
       // The same install network as the builder's, or the env keys differ
       // and every venv would be built again; its package indexes are served
-      // for a venv the store lacks, until the run ends (another process may
-      // be using the server meanwhile: a builder finds it and uses it).
-      index = await workload.packageIndex?.serve();
-      const prep = await prepareTasks(workload.tasks, { store: c.store, concurrency: 2, signal, ...(workload.packageIndex ? { installNetwork: workload.packageIndex.installNetwork } : {}), onProgress: (e) => e.status !== 'start' && log(`prepare ${e.done}/${e.total}: ${e.label} ${e.status}${e.error ? `: ${e.error}` : ''}`) });
+      // (on a port of this process's own) for a venv the store lacks, until
+      // the run ends.
+      const served = await workload.packageIndex?.serve();
+      index = served;
+      const prep = await prepareTasks(workload.tasks, { store: c.store, concurrency: 2, signal, ...(workload.packageIndex && served ? { installNetwork: workload.packageIndex.installNetwork, installVariables: served.variables } : {}), onProgress: (e) => e.status !== 'start' && log(`prepare ${e.done}/${e.total}: ${e.label} ${e.status}${e.error ? `: ${e.error}` : ''}`) });
       if (prep.failures.length) throw new Error(`prepare failed: ${prep.failures.map((f) => f.message).join('; ')}`);
       const layers = layerMap;
       for (const [id, p] of prep.prepared) layers.set(id, await taskLayers(c.store, p));
