@@ -5,7 +5,8 @@
  * once so that every command takes the same flags and explains them alike.
  */
 import { readFileSync } from 'node:fs';
-import { REDIS_PASSWORD_ENV, type RedisClientOptions } from '../cluster/index.js';
+// lib/cluster/redis.ts, not its index: serve loads it anyway, the index would add BullMQ to serve's start.
+import { REDIS_PASSWORD_ENV, type RedisClientOptions } from '../cluster/redis.js';
 import { fsReason, readableFile, UsageError, type Args, type OptionSpec } from './args.js';
 
 /** The connection flags, listed under `section` of the command's --help (the one its --queue is in). */
