@@ -14,14 +14,10 @@ import { Sandbox } from '../lib/index.js';
 import { packDirectory } from '../lib/files/index.js';
 import { openStore } from '../lib/layers/index.js';
 import { formatBytes, formatMs, formatRatio } from '../lib/format.js';
+import { count, flag, readArgs } from './lib/args.js';
 import { summarize } from './lib/stats.js';
 
 const log = (msg: string) => process.stderr.write(`[bench] ${msg}\n`);
-
-function arg(name: string, fallback: number): number {
-  const i = process.argv.indexOf(name);
-  return i >= 0 ? Number(process.argv[i + 1]) : fallback;
-}
 
 /** A tree shaped like a small venv: many small .py files in packages. */
 function makeTree(dir: string, files: number): void {
@@ -53,10 +49,16 @@ async function startAll(archives: string[], storeRoot: string, budget: { maxConc
 }
 
 async function main(): Promise<void> {
-  const n = arg('--sandboxes', 32);
-  const files = arg('--files', 1500);
-  // Default: the store's own default budget (2 x CPUs unpacks, 2 GiB in flight).
-  const maxConcurrent = arg('--max-concurrent', 2 * cpus().length);
+  const o = readArgs('usage: node dist/benchmarks/budget.js [--sandboxes N] [--files N] [--max-concurrent N] [--json]', {
+    sandboxes: count(32),
+    files: count(1500),
+    // Default: the store's own default budget (2 x CPUs unpacks, 2 GiB in flight).
+    'max-concurrent': count(2 * cpus().length),
+    json: flag(),
+  });
+  const n = o.sandboxes;
+  const files = o.files;
+  const maxConcurrent = o['max-concurrent'];
   const work = mkdtempSync(join(tmpdir(), 'msbx-budget-bench-'));
   try {
     log(`making ${n} distinct archives of ${files} files each`);
@@ -88,7 +90,7 @@ async function main(): Promise<void> {
       const totals = rounds.map((t) => Math.max(...t));
       results[label] = { ...summarize(rounds.flat()), totalMs: totals.reduce((a, b) => a + b, 0) / totals.length };
     }
-    if (process.argv.includes('--json')) {
+    if (o.json) {
       process.stdout.write(JSON.stringify({ sandboxes: n, filesPerLayer: files, archiveBytes: bytes, results }, null, 2) + '\n');
       return;
     }

@@ -24,28 +24,26 @@ import { createServer } from 'node:net';
 import { availableParallelism, cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 import { evaluateOnQueue, parseQueueUrl, prepareOnQueue, listWorkers } from '../lib/cluster/index.js';
 import { formatMs, formatRatio, formatTable } from '../lib/format.js';
 import { createDemoTaskSet } from '../lib/swe/demo/createDemoTaskSet.js';
 import type { Prediction, Task } from '../lib/swe/tasks.js';
+import { count, counts, oneOf, readArgs, seconds } from './lib/args.js';
 
 const log = (msg: string) => process.stderr.write(`[cluster-bench] ${msg}\n`);
 const CLI = fileURLToPath(new URL('../lib/cli/main.js', import.meta.url));
 
-const { values } = parseArgs({
-  options: {
-    instances: { type: 'string', default: '24' },
-    slots: { type: 'string', default: '1' },
-    'wait-s': { type: 'string', default: '2' },
-    workers: { type: 'string', default: '1,2,3' },
-    only: { type: 'string' },
-  },
+const ARGS = readArgs('usage: node dist/benchmarks/cluster.js [--instances N] [--slots N] [--wait-s S] [--workers 1,2,3] [--only cpu|wait]', {
+  instances: count(24),
+  slots: count(1),
+  'wait-s': seconds(2),
+  workers: counts([1, 2, 3]),
+  only: oneOf(['cpu', 'wait']),
 });
-const INSTANCES = Number(values.instances);
-const SLOTS = Number(values.slots);
-const WAIT_S = Number(values['wait-s']);
-const COUNTS = values.workers!.split(',').map(Number);
+const INSTANCES = ARGS.instances;
+const SLOTS = ARGS.slots;
+const WAIT_S = ARGS['wait-s'];
+const COUNTS = ARGS.workers;
 
 async function freePort(): Promise<number> {
   return new Promise((resolve) => {
@@ -95,7 +93,7 @@ async function main(): Promise<void> {
   };
   try {
     await new Promise((r) => setTimeout(r, 300));
-    const workloads = (['cpu', 'wait'] as const).filter((w) => !values.only || values.only === w);
+    const workloads = (['cpu', 'wait'] as const).filter((w) => !ARGS.only || ARGS.only === w);
     const rows = [['workload', 'workers', 'slots each', 'instances', 'wall', 'instances/s', 'vs 1 worker']];
     const summary: string[] = [];
     for (const workload of workloads) {

@@ -35,6 +35,7 @@ import { buildEnv, createEnvSandbox, resolvePython, type BasePython, type Env, t
 import { extractArchive, removeTree } from '../lib/files/index.js';
 import { openStore, type LayerStore } from '../lib/layers/index.js';
 import { formatBytes, formatMs, formatRatio, formatTable } from '../lib/format.js';
+import { count, flag, readArgs, text } from './lib/args.js';
 import { summarize, type Summary } from './lib/stats.js';
 
 interface Options {
@@ -52,26 +53,27 @@ const USAGE =
   'usage: node dist/benchmarks/env.js [--iterations N] [--sandboxes N] [--envs N] [--big-mb N] [--disk-env-mb N] [--python VERSION|PATH] [--dir DIR] [--json]';
 const TARGET_WARM_MS = 20;
 
-function parseArgs(argv: string[]): Options {
-  const o: Options = { iterations: 30, sandboxes: 50, envs: 5, bigMb: 120, diskEnvMb: 30, python: '3.11', json: false };
-  const num = (flag: string, v: string | undefined): number => {
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < 1) throw new Error(`${flag} needs a positive integer, got ${v}\n${USAGE}`);
-    return n;
+function parseOptions(): Options {
+  const v = readArgs(USAGE, {
+    iterations: count(30),
+    sandboxes: count(50),
+    envs: count(5),
+    'big-mb': count(120),
+    'disk-env-mb': count(30),
+    python: text('3.11'),
+    dir: text(),
+    json: flag(),
+  });
+  return {
+    iterations: v.iterations,
+    sandboxes: v.sandboxes,
+    envs: v.envs,
+    bigMb: v['big-mb'],
+    diskEnvMb: v['disk-env-mb'],
+    python: v.python,
+    dir: v.dir,
+    json: v.json,
   };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
-    if (a === '--json') o.json = true;
-    else if (a === '--iterations') o.iterations = num(a, argv[++i]);
-    else if (a === '--sandboxes') o.sandboxes = num(a, argv[++i]);
-    else if (a === '--envs') o.envs = num(a, argv[++i]);
-    else if (a === '--big-mb') o.bigMb = num(a, argv[++i]);
-    else if (a === '--disk-env-mb') o.diskEnvMb = num(a, argv[++i]);
-    else if (a === '--python') o.python = argv[++i] ?? '';
-    else if (a === '--dir') o.dir = argv[++i];
-    else throw new Error(`unknown argument ${a}\n${USAGE}`);
-  }
-  return o;
 }
 
 const log = (msg: string) => process.stderr.write(`[env bench] ${msg}\n`);
@@ -182,7 +184,7 @@ async function warm(env: Env, iterations: number): Promise<Summary> {
 }
 
 async function main(): Promise<void> {
-  const o = parseArgs(process.argv.slice(2));
+  const o = parseOptions();
   const python = resolvePython(o.python);
   const root = o.dir ?? mkdtempSync(path.join(tmpdir(), 'msbx-env-bench-'));
   const store = await openStore({ root: path.join(root, 'store') });

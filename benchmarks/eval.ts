@@ -16,12 +16,10 @@
  *
  * Usage: node dist/benchmarks/eval.js [--rounds N] [--no-docker]
  */
-import { spawn } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
 import { removeTree } from '../lib/files/fsTree.js';
 import { openStore } from '../lib/layers/store.js';
 import * as policy from '../lib/sandbox/policy.js';
@@ -32,12 +30,8 @@ import { prepareTasks } from '../lib/swe/pipeline/prepare.js';
 import { TESTBED, type PreparedTask } from '../lib/swe/pipeline/types.js';
 import type { Task } from '../lib/swe/tasks.js';
 import { dockerCommand, DockerUnavailable, ensureDocker, importImage, stopDocker, type DockerHandle } from './lib/docker.js';
-import { exec } from './lib/proc.js';
-
-async function execOk(file: string, args: string[]): Promise<void> {
-  const r = await exec(file, args, { timeoutMs: 300_000 });
-  if (r.code !== 0) throw new Error(`${file} ${args.join(' ')} failed (${r.code}): ${r.stderr.trim()}`);
-}
+import { count, flag, readArgs } from './lib/args.js';
+import { exec, execOk, type ExecResult } from './lib/proc.js';
 import { formatMs, formatRatio, formatTable } from '../lib/format.js';
 import { median } from './lib/stats.js';
 
@@ -77,22 +71,11 @@ async function benchMiniSandbox(tasks: Task[], prepared: Map<string, PreparedTas
   return samples;
 }
 
-/** Runs the docker CLI; throws with its stderr on failure. */
-function docker(h: DockerHandle, args: string[], input?: string, allowFail = false): Promise<{ stdout: string; code: number | null }> {
+/** Runs the docker CLI; throws with its stderr on failure unless allowFail. */
+function docker(h: DockerHandle, args: string[], input?: string, allowFail = false): Promise<ExecResult> {
   const [file, fullArgs] = dockerCommand(h, args);
-  return new Promise((resolve, reject) => {
-    const child = spawn(file, fullArgs, { stdio: ['pipe', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
-    child.on('error', reject);
-    child.on('close', (code) => {
-      if (code !== 0 && !allowFail) reject(new Error(`docker ${args.slice(0, 2).join(' ')} failed (${code}): ${stderr.trim()}`));
-      else resolve({ stdout, code });
-    });
-    child.stdin.end(input ?? '');
-  });
+  const opts = input === undefined ? {} : { input };
+  return allowFail ? exec(file, fullArgs, opts) : execOk(file, fullArgs, { ...opts, what: `docker ${args.slice(0, 2).join(' ')}` });
 }
 
 /** One image per task: host files + the task's venv and repo layers at their sandbox paths. */
@@ -111,7 +94,7 @@ async function buildTaskImage(h: DockerHandle, task: Task, p: PreparedTask, stor
   try {
     for (const [layer, target] of [[venv, p.env!.venvPath], [repo, TESTBED]] as const) {
       await mkdir(join(staging, target), { recursive: true });
-      await execOk('cp', ['-a', `${layer.path}/.`, join(staging, target)]);
+      await execOk('cp', ['-a', `${layer.path}/.`, join(staging, target)], { timeoutMs: 300_000 });
     }
     await docker(h, ['cp', `${staging}/.`, `${id}:/`]);
     await docker(h, ['commit', id, image]);
@@ -171,8 +154,8 @@ async function benchDocker(tasks: Task[], prepared: Map<string, PreparedTask>, r
 }
 
 async function main(): Promise<void> {
-  const { values } = parseArgs({ options: { rounds: { type: 'string' }, 'no-docker': { type: 'boolean' } } });
-  const rounds = Number(values.rounds ?? 5);
+  const values = readArgs('usage: node dist/benchmarks/eval.js [--rounds N] [--no-docker]', { rounds: count(5), 'no-docker': flag() });
+  const rounds = values.rounds;
   const dir = mkdtempSync(join(tmpdir(), 'minisandbox-eval-bench-'));
   try {
     const demo = createDemoTaskSet(join(dir, 'taskset'));

@@ -31,6 +31,7 @@ import { runInNewContext } from 'node:vm';
 import { Sandbox, run } from '../lib/sandbox/index.js';
 import { native, setSpawnMode, type SpawnMode } from '../lib/native/index.js';
 import { formatMs, formatRatio, formatTable } from '../lib/format.js';
+import { count, counts, flag, readArgs } from './lib/args.js';
 import { summarize, timeMany, timePair, type Summary } from './lib/stats.js';
 
 const TARGET_HEAP_RATIO = 1.3; // median at the largest heap / median at the smallest
@@ -44,23 +45,11 @@ interface Options {
   json: boolean;
 }
 
-function parseArgs(argv: string[]): Options {
-  const opts: Options = { iterations: 40, createIterations: 15, sizes: [60, 1024, 4096], json: false };
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i]!;
-    const value = () => {
-      const v = argv[++i];
-      if (v === undefined) throw new Error(`${arg} needs a value`);
-      return v;
-    };
-    if (arg === '--json') opts.json = true;
-    else if (arg === '--iterations') opts.iterations = Number(value());
-    else if (arg === '--create-iterations') opts.createIterations = Number(value());
-    else if (arg === '--sizes') opts.sizes = value().split(',').map(Number);
-    else throw new Error(`unknown option ${arg}`);
-  }
-  if (![opts.iterations, opts.createIterations, ...opts.sizes].every((n) => Number.isInteger(n) && n > 0)) throw new Error('counts and sizes must be positive integers');
-  return opts;
+const USAGE = 'usage: node --max-old-space-size=8192 dist/benchmarks/heap.js [--iterations N] [--create-iterations N] [--sizes 60,1024,4096] [--json]';
+
+function parseOptions(): Options {
+  const v = readArgs(USAGE, { iterations: count(40), 'create-iterations': count(15), sizes: counts([60, 1024, 4096]), json: flag() });
+  return { iterations: v.iterations, createIterations: v['create-iterations'], sizes: v.sizes, json: v.json };
 }
 
 const log = (msg: string) => process.stderr.write(`${msg}\n`);
@@ -120,7 +109,7 @@ function shrink(): void {
 }
 
 async function main(): Promise<void> {
-  const opts = parseArgs(process.argv.slice(2));
+  const opts = parseOptions();
   if (setSpawnMode('spawner').mode !== 'spawner') throw new Error(`no spawner binary: ${native.spawnerInfo().reason}`);
   const sizes = [...opts.sizes].sort((a, b) => a - b);
   // Sandbox.create + first exec, timed; the close is not.

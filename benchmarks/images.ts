@@ -35,6 +35,7 @@ import { openStore, type LayerStore } from '../lib/layers/index.js';
 import { run as runSandbox } from '../lib/sandbox/index.js';
 import { formatBytes, formatMs, formatRatio, formatTable } from '../lib/format.js';
 import { dockerCommand, ensureDocker, startPrivateDocker, stopDocker, type DockerHandle } from './lib/docker.js';
+import { count, flag, readArgs, text } from './lib/args.js';
 import { exec, lastLines } from './lib/proc.js';
 import { summarize, timeRounds, type Summary } from './lib/stats.js';
 
@@ -55,26 +56,9 @@ interface Options {
   json: boolean;
 }
 
-class UsageError extends Error {}
-
-function parseArgs(argv: string[]): Options {
-  const o: Options = { iterations: 20, cold: 3, images: 10, docker: true, json: false };
-  const num = (flag: string, v: string | undefined): number => {
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < 1) throw new UsageError(`${flag} needs a positive integer, got ${v}`);
-    return n;
-  };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
-    if (a === '--iterations') o.iterations = num(a, argv[++i]);
-    else if (a === '--cold') o.cold = num(a, argv[++i]);
-    else if (a === '--images') o.images = num(a, argv[++i]);
-    else if (a === '--dir') o.dir = argv[++i];
-    else if (a === '--no-docker') o.docker = false;
-    else if (a === '--json') o.json = true;
-    else throw new UsageError(`unknown argument ${a}`);
-  }
-  return o;
+function parseOptions(): Options {
+  const v = readArgs(USAGE, { iterations: count(20), cold: count(3), images: count(10), dir: text(), 'no-docker': flag(), json: flag() });
+  return { iterations: v.iterations, cold: v.cold, images: v.images, dir: v.dir, docker: !v['no-docker'], json: v.json };
 }
 
 const log = (msg: string) => process.stderr.write(`[images bench] ${msg}\n`);
@@ -403,7 +387,7 @@ function ratioLine(label: string, num: number | undefined, den: number | undefin
 const val = <T>(p: Part<T>): T | undefined => (p.status === 'ok' ? p.value : undefined);
 
 async function main(): Promise<void> {
-  const o = parseArgs(process.argv.slice(2));
+  const o = parseOptions();
   const api = await loadImagesApi();
   if (typeof api === 'string') log(`MiniSandbox side skipped: ${api}`);
   const base = o.dir ?? '/var/tmp';
@@ -460,7 +444,6 @@ async function main(): Promise<void> {
 }
 
 main().catch((err: unknown) => {
-  if (err instanceof UsageError) console.error(`${err.message}\n${USAGE}`);
-  else console.error(err instanceof Error ? err.stack : err);
+  console.error(err instanceof Error ? err.stack : err);
   process.exit(1);
 });

@@ -20,6 +20,7 @@ import { performance } from 'node:perf_hooks';
 import { Sandbox } from '../lib/index.js';
 import { checkBashSyntax, spawnBashN } from '../lib/shell/syntax.js';
 import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
+import { count, flag, readArgs } from './lib/args.js';
 import { exec } from './lib/proc.js';
 import { formatMs, formatRatio, formatTable } from '../lib/format.js';
 import { summarize, timeMany, timePair, type Summary } from './lib/stats.js';
@@ -31,17 +32,11 @@ interface Options {
   json: boolean;
 }
 
-function parseArgs(argv: string[]): Options {
-  const o: Options = { iterations: 200, concurrent: 256, docker: true, json: false };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    if (a === '--iterations') o.iterations = Number(argv[++i]);
-    else if (a === '--concurrent') o.concurrent = Number(argv[++i]);
-    else if (a === '--no-docker') o.docker = false;
-    else if (a === '--json') o.json = true;
-    else throw new Error(`unknown argument ${a}`);
-  }
-  return o;
+const USAGE = 'usage: node dist/benchmarks/sandbox.js [--iterations N] [--concurrent N] [--no-docker] [--json]';
+
+function parseOptions(): Options {
+  const v = readArgs(USAGE, { iterations: count(200), concurrent: count(256), 'no-docker': flag(), json: flag() });
+  return { iterations: v.iterations, concurrent: v.concurrent, docker: !v['no-docker'], json: v.json };
 }
 
 const log = (msg: string) => process.stderr.write(`[bench] ${msg}\n`);
@@ -99,7 +94,7 @@ async function dockerExec(o: Options): Promise<Summary | string> {
 }
 
 async function main(): Promise<void> {
-  const o = parseArgs(process.argv.slice(2));
+  const o = parseOptions();
   const results: Record<string, unknown> = {};
 
   log(`create + first command: ${o.iterations / 4} runs`);

@@ -16,6 +16,7 @@ import { Sandbox } from '../lib/sandbox/index.js';
 import { startServer } from '../lib/server/index.js';
 import type { ShellSession } from '../lib/shell/index.js';
 import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
+import { count, counts, flag, readArgs } from './lib/args.js';
 import { exec } from './lib/proc.js';
 import { formatMs, formatRatio, formatTable } from '../lib/format.js';
 import { summarize, type Summary } from './lib/stats.js';
@@ -27,21 +28,11 @@ interface Options {
   json: boolean;
 }
 
-function parseArgs(argv: string[]): Options {
-  const opts: Options = { iterations: 100, clients: [1, 32], json: false, docker: true };
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i]!;
-    if (arg === '--json') opts.json = true;
-    else if (arg === '--iterations') opts.iterations = Number(argv[++i]);
-    else if (arg === '--clients') opts.clients = (argv[++i] ?? '').split(',').map(Number);
-    else if (arg === '--no-docker') opts.docker = false;
-    else {
-      console.error('usage: node dist/benchmarks/server.js [--iterations N] [--clients 1,32] [--no-docker] [--json]');
-      process.exit(2);
-    }
-  }
-  if (!(opts.iterations > 0) || opts.clients.some((c) => !(c > 0))) throw new Error('bad --iterations or --clients');
-  return opts;
+const USAGE = 'usage: node dist/benchmarks/server.js [--iterations N] [--clients 1,32] [--no-docker] [--json]';
+
+function parseOptions(): Options {
+  const v = readArgs(USAGE, { iterations: count(100), clients: counts([1, 32]), 'no-docker': flag(), json: flag() });
+  return { iterations: v.iterations, clients: v.clients, docker: !v['no-docker'], json: v.json };
 }
 
 const log = (msg: string) => process.stderr.write(`[bench] ${msg}\n`);
@@ -82,7 +73,7 @@ interface Row {
 }
 
 async function main(): Promise<void> {
-  const opts = parseArgs(process.argv.slice(2));
+  const opts = parseOptions();
   const server = await startServer({ port: 0, authToken: TOKEN });
   const rows: Row[] = [];
   try {

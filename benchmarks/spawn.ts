@@ -14,6 +14,7 @@ import { cpus, loadavg, release } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { policy, run } from '../lib/index.js';
 import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
+import { count, flag, readArgs } from './lib/args.js';
 import { aptInstall, lastLines, which } from './lib/proc.js';
 import { formatMs, formatRatio, formatTable } from '../lib/format.js';
 import { summarize, timePair, type Summary } from './lib/stats.js';
@@ -43,29 +44,9 @@ interface Result {
 
 const USAGE = 'usage: node dist/benchmarks/spawn.js [--iterations N] [--docker-iterations N] [--warmup N] [--no-docker] [--json]';
 
-/** A bad command line: printed as usage, without a stack trace. */
-class UsageError extends Error {}
-
-function parseArgs(argv: string[]): Options {
-  const opts: Options = { iterations: 200, dockerIterations: 20, warmup: 10, docker: true, json: false };
-  const count = (flag: string, value: string | undefined): number => {
-    const n = Number(value);
-    if (!Number.isInteger(n) || n < 1) throw new UsageError(`${flag} needs a positive integer, got ${value}`);
-    return n;
-  };
-  for (let i = 0; i < argv.length; i++) {
-    const arg = argv[i]!;
-    if (arg === '--json') opts.json = true;
-    else if (arg === '--no-docker') opts.docker = false;
-    else if (arg === '--iterations') opts.iterations = count(arg, argv[++i]);
-    else if (arg === '--docker-iterations') opts.dockerIterations = count(arg, argv[++i]);
-    else if (arg === '--warmup') opts.warmup = count(arg, argv[++i]);
-    else if (arg === '--help' || arg === '-h') {
-      console.log(USAGE);
-      process.exit(0);
-    } else throw new UsageError(`unknown argument ${arg}`);
-  }
-  return opts;
+function parseOptions(): Options {
+  const v = readArgs(USAGE, { iterations: count(200), 'docker-iterations': count(20), warmup: count(10), 'no-docker': flag(), json: flag() });
+  return { iterations: v.iterations, dockerIterations: v['docker-iterations'], warmup: v.warmup, docker: !v['no-docker'], json: v.json };
 }
 
 const log = (msg: string) => process.stderr.write(`[bench] ${msg}\n`);
@@ -229,7 +210,7 @@ function verdict(label: string, num: Result, den: Result, target: number, cmp: '
 }
 
 async function main(): Promise<void> {
-  const o = parseArgs(process.argv.slice(2));
+  const o = parseOptions();
   const floor = await benchFloor(o);
   const [mini, noFilter] = await benchMiniSandbox(o);
   const bwrap = await benchBwrap(o);
@@ -278,7 +259,6 @@ async function main(): Promise<void> {
 }
 
 main().catch((err: unknown) => {
-  if (err instanceof UsageError) console.error(`${err.message}\n${USAGE}`);
-  else console.error(err instanceof Error ? err.stack : err);
+  console.error(err instanceof Error ? err.stack : err);
   process.exit(1);
 });

@@ -46,6 +46,7 @@ import { formatMs, formatRatio, formatTable } from '../lib/format.js';
 import { openStore, type Layer, type LayerStore } from '../lib/layers/index.js';
 import { stopFinishWorkers } from '../lib/layers/finish.js';
 import { treeListing } from '../lib/layers/verify.js';
+import { count, file, flag, readArgs, text, toggle } from './lib/args.js';
 import { median } from './lib/stats.js';
 
 interface Options {
@@ -66,27 +67,27 @@ const TARGET_TAR_RATIO = 0.9;
 const TARGET_SPEEDUP = 3;
 const TARGET_FINISH_VS_SHA = 2;
 
-function parseArgs(argv: string[]): Options {
-  const o: Options = { rounds: 5, walks: false, dir: existsSync('/dev/shm') ? '/dev/shm' : tmpdir(), cache: '/var/cache/minisandbox/bench', json: false };
-  const num = (flag: string, v: string | undefined): number => {
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < 1) throw new Error(`${flag} needs a positive integer, got ${v}\n${USAGE}`);
-    return n;
+function parseOptions(): Options {
+  const v = readArgs(USAGE, {
+    archive: file(),
+    'site-packages': count(undefined, ['mb']),
+    rounds: count(5),
+    prefix: text(),
+    walks: toggle(false),
+    dir: file(existsSync('/dev/shm') ? '/dev/shm' : tmpdir()),
+    cache: file('/var/cache/minisandbox/bench'),
+    json: flag(),
+  });
+  return {
+    archive: v.archive,
+    sitePackages: v['site-packages'],
+    prefix: v.prefix,
+    rounds: v.rounds,
+    walks: v.walks,
+    dir: v.dir,
+    cache: v.cache,
+    json: v.json,
   };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
-    if (a === '--json') o.json = true;
-    else if (a === '--walks') o.walks = true;
-    else if (a === '--no-walks') o.walks = false;
-    else if (a === '--archive') o.archive = path.resolve(argv[++i] ?? '');
-    else if (a === '--site-packages' || a === '--mb') o.sitePackages = num(a, argv[++i]);
-    else if (a === '--cache') o.cache = path.resolve(argv[++i] ?? '');
-    else if (a === '--rounds') o.rounds = num(a, argv[++i]);
-    else if (a === '--prefix') o.prefix = argv[++i];
-    else if (a === '--dir') o.dir = path.resolve(argv[++i] ?? '');
-    else throw new Error(`unknown argument ${a}\n${USAGE}`);
-  }
-  return o;
 }
 
 const log = (msg: string) => process.stderr.write(`[store bench] ${msg}\n`);
@@ -178,7 +179,7 @@ async function timed(fn: () => Promise<unknown>): Promise<Sample> {
 }
 
 async function main(): Promise<void> {
-  const o = parseArgs(process.argv.slice(2));
+  const o = parseOptions();
   mkdirSync(o.dir, { recursive: true });
   const archive = o.archive ?? (o.sitePackages ? makeSitePackagesArchive(o.dir, o.sitePackages) : await makeVenvArchive(o.cache, o.dir));
   const work = mkdtempSync(path.join(o.dir, 'msbx-store-bench-'));

@@ -11,31 +11,61 @@ export interface ExecResult {
   signal: NodeJS.Signals | null;
   stdout: string;
   stderr: string;
+  /** Killed because it outran timeoutMs. */
+  timedOut?: boolean;
+}
+
+export interface ExecOptions {
+  /** SIGKILL the command after this long. */
+  timeoutMs?: number;
+  env?: NodeJS.ProcessEnv;
+  /** Written to the command's stdin (otherwise stdin is /dev/null). */
+  input?: string;
+  /** SIGKILL the command when this aborts (an interrupted run must not leave e.g. a `docker save` writing). */
+  signal?: AbortSignal;
 }
 
 /** Run a command to completion, capturing output; never throws for a non-zero exit. */
-export function exec(
-  file: string,
-  args: readonly string[],
-  opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv } = {},
-): Promise<ExecResult> {
+export function exec(file: string, args: readonly string[], opts: ExecOptions = {}): Promise<ExecResult> {
   return new Promise((resolve) => {
-    const child = spawn(file, args, { stdio: ['ignore', 'pipe', 'pipe'], env: opts.env ?? process.env });
+    const child = spawn(file, args, { stdio: [opts.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'], env: opts.env ?? process.env });
     let stdout = '';
     let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
-    const timer = opts.timeoutMs ? setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs) : undefined;
+    let timedOut = false;
+    // Both are pipes (stdio above); only stdin may be absent.
+    child.stdout!.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+    child.stderr!.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+    const timer = opts.timeoutMs
+      ? setTimeout(() => {
+          timedOut = true;
+          child.kill('SIGKILL');
+        }, opts.timeoutMs)
+      : undefined;
+    const kill = () => child.kill('SIGKILL');
+    if (opts.signal?.aborted) kill();
+    else opts.signal?.addEventListener('abort', kill, { once: true });
+    const done = (r: ExecResult) => {
+      clearTimeout(timer);
+      opts.signal?.removeEventListener('abort', kill);
+      resolve(timedOut ? { ...r, timedOut } : r);
+    };
     // A missing binary is reported like a failed command, so callers need one code path.
-    child.on('error', (err) => {
-      clearTimeout(timer);
-      resolve({ code: 127, signal: null, stdout, stderr: stderr + String(err) });
-    });
-    child.on('close', (code, signal) => {
-      clearTimeout(timer);
-      resolve({ code, signal, stdout, stderr });
-    });
+    child.on('error', (err) => done({ code: 127, signal: null, stdout, stderr: stderr + String(err) }));
+    child.on('close', (code, signal) => done({ code, signal, stdout, stderr }));
+    if (child.stdin) {
+      // A command that exits without reading its input must not fail the write.
+      child.stdin.on('error', () => undefined);
+      child.stdin.end(opts.input);
+    }
   });
+}
+
+/** exec, throwing on anything but exit 0: the error names `what` (default: the command) and gives the end of stderr. */
+export async function execOk(file: string, args: readonly string[], opts: ExecOptions & { what?: string } = {}): Promise<ExecResult> {
+  const r = await exec(file, args, opts);
+  if (r.code === 0) return r;
+  const how = r.timedOut ? `timed out after ${opts.timeoutMs} ms` : r.signal ? `killed by ${r.signal}` : `exit ${r.code}`;
+  throw new Error(`${opts.what ?? [file, ...args].join(' ')} failed (${how}): ${lastLines(r.stderr || r.stdout, 3)}`);
 }
 
 export function isExecutable(path: string): boolean {

@@ -4,8 +4,7 @@
  * starts a dockerd when it must), the suite installs and starts nothing:
  * it says what is missing and how to get it, and runs without Docker.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { isExecutable, which } from '../lib/proc.js';
+import { exec, execOk, isExecutable, which, type ExecResult } from '../lib/proc.js';
 
 export interface DockerCli {
   cli: string;
@@ -20,43 +19,20 @@ export const SUITE_NAME = 'msbx-suite';
  */
 export const SUITE_LABEL = 'msbx-suite=runner';
 
-export interface DockerRun {
-  stdout: string;
-  stderr: string;
-  code: number | null;
-}
-
-/** docker CLI processes running now: an interrupt kills them (a `docker save` would go on writing gigabytes). */
-const running = new Set<ChildProcess>();
+/** Aborted on an interrupt, killing the docker CLI processes running then (a `docker save` would go on writing gigabytes). */
+let interrupt = new AbortController();
 
 export function killDockerClis(): void {
-  for (const child of running) child.kill('SIGKILL');
-  running.clear();
+  interrupt.abort();
+  // The cleanup that follows runs docker commands of its own.
+  interrupt = new AbortController();
 }
 
 /** Runs the docker CLI; throws naming the command and Docker's reason unless allowFail. */
-export function docker(d: Pick<DockerCli, 'cli'>, args: readonly string[], opts: { input?: string; allowFail?: boolean; timeoutMs?: number } = {}): Promise<DockerRun> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(d.cli, args, { stdio: ['pipe', 'pipe', 'pipe'] });
-    running.add(child);
-    let stdout = '';
-    let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
-    child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
-    const timer = opts.timeoutMs ? setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs) : undefined;
-    child.on('error', (err) => {
-      clearTimeout(timer);
-      reject(new Error(`docker ${args.slice(0, 2).join(' ')}: ${err.message}`));
-    });
-    child.on('close', (code) => {
-      running.delete(child);
-      clearTimeout(timer);
-      if (code !== 0 && !opts.allowFail) reject(new Error(`docker ${args.slice(0, 3).join(' ')} failed (exit ${code}): ${stderr.trim().split('\n').slice(-3).join(' ')}`));
-      else resolve({ stdout, stderr, code });
-    });
-    child.stdin.on('error', () => undefined);
-    child.stdin.end(opts.input ?? '');
-  });
+export function docker(d: Pick<DockerCli, 'cli'>, args: readonly string[], opts: { input?: string; allowFail?: boolean; timeoutMs?: number } = {}): Promise<ExecResult> {
+  const { allowFail, ...rest } = opts;
+  const o = { ...rest, signal: interrupt.signal };
+  return allowFail ? exec(d.cli, args, o) : execOk(d.cli, args, { ...o, what: `docker ${args.slice(0, 3).join(' ')}` });
 }
 
 /** The running engine, or what is missing and how to get it. */
@@ -64,7 +40,7 @@ export async function findDocker(): Promise<DockerCli | { missing: string }> {
   // docker.io's CLI first: it matches its engine's API.
   const cli = ['/usr/bin/docker', which('docker')].find((p): p is string => p !== undefined && isExecutable(p));
   if (!cli) return { missing: 'no docker CLI: install it with `apt-get install docker.io` (the suite installs nothing itself), or run with --no-docker' };
-  const r = await docker({ cli }, ['info', '--format', '{{.ServerVersion}}'], { allowFail: true, timeoutMs: 15_000 }).catch((e: Error) => ({ code: 1, stdout: '', stderr: e.message }));
+  const r = await docker({ cli }, ['info', '--format', '{{.ServerVersion}}'], { allowFail: true, timeoutMs: 15_000 });
   const version = r.stdout.trim();
   if (r.code !== 0 || !version || version.includes('<no value>')) {
     const daemon = which('dockerd') ? 'start it: `nohup dockerd >/var/log/dockerd.log 2>&1 &` (as root), or add this user to the docker group' : 'no dockerd: `apt-get install docker.io`, then start `dockerd`';

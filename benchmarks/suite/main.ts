@@ -17,7 +17,6 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { parseArgs } from 'node:util';
 import { removeTree } from '../../lib/files/fsTree.js';
 import { formatMs } from '../../lib/format.js';
 import { importImage } from '../../lib/images/index.js';
@@ -32,6 +31,7 @@ import { dockerMethod, extractMethod, imageMethod, layerArchive, layersMethod, l
 import { barsText, writeResults } from './report.js';
 import { judgeBars, spread, type DiskFigures, type LatencySamples, type Machine, type RolloutSample, type ScalingSample, type SetupSample, type SuiteResults } from './results.js';
 import type { BuildWorkloadOptions, Workload } from './workload-types.js';
+import { count, counts, file, flag, oneOf, parseFlags, text, UsageError } from '../lib/args.js';
 
 const log = (msg: string) => process.stderr.write(`[suite ${new Date().toISOString().slice(11, 19)}] ${msg}\n`);
 
@@ -54,51 +54,35 @@ export interface SuiteOptions {
 const USAGE = 'usage: node dist/benchmarks/suite/main.js [--quick] [--workload full|quick|demo] [--methods docker,extract,layers,image] [--scale 1,8,32,128,256] [--repeat N] [--tasks N] [--cold-tasks N] [--out DIR] [--cache DIR] [--no-docker] [--json]';
 
 export function parseOptions(argv: string[]): SuiteOptions {
-  const { values } = parseArgs({
-    args: argv,
-    options: {
-      quick: { type: 'boolean' },
-      workload: { type: 'string' },
-      methods: { type: 'string' },
-      scale: { type: 'string' },
-      repeat: { type: 'string' },
-      tasks: { type: 'string' },
-      'cold-tasks': { type: 'string' },
-      out: { type: 'string' },
-      cache: { type: 'string' },
-      'no-docker': { type: 'boolean' },
-      json: { type: 'boolean' },
-      help: { type: 'boolean' },
-    },
+  const v = parseFlags(argv, USAGE, {
+    quick: flag(),
+    workload: oneOf(['full', 'quick', 'demo']),
+    methods: text(),
+    scale: counts(),
+    repeat: count(),
+    tasks: count(),
+    'cold-tasks': count(),
+    out: file('bench-results'),
+    cache: file(defaultCacheDir()),
+    'no-docker': flag(),
+    json: flag(),
   });
-  if (values.help) {
-    process.stdout.write(`${USAGE}\n`);
-    process.exit(0);
-  }
-  const quick = values.quick === true;
-  const int = (flag: string, v: string | undefined, dflt: number) => {
-    if (v === undefined) return dflt;
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < 1) throw new Error(`--${flag} needs a positive integer, got ${JSON.stringify(v)}\n${USAGE}`);
-    return n;
-  };
-  const workload = (values.workload ?? (quick ? 'quick' : 'full')) as SuiteOptions['workload'];
-  if (!['full', 'quick', 'demo'].includes(workload)) throw new Error(`--workload must be full, quick or demo, got ${JSON.stringify(workload)}\n${USAGE}`);
-  const methods = (values.methods ?? METHODS.join(',')).split(',').map((m) => m.trim()).filter(Boolean);
-  for (const m of methods) if (!(METHODS as readonly string[]).includes(m)) throw new Error(`--methods: unknown method ${JSON.stringify(m)} (known: ${METHODS.join(', ')})`);
-  const scale = (values.scale ?? (quick ? '1,8' : '1,8,32,128,256')).split(',').map((s) => int('scale', s.trim(), 1));
+  const quick = v.quick;
+  const methods = (v.methods ?? METHODS.join(',')).split(',').map((m) => m.trim()).filter(Boolean);
+  for (const m of methods) if (!(METHODS as readonly string[]).includes(m)) throw new UsageError(`--methods: unknown method ${JSON.stringify(m)} (known: ${METHODS.join(', ')})\n${USAGE}`);
+  const scale = v.scale ?? (quick ? [1, 8] : [1, 8, 32, 128, 256]);
   return {
     quick,
-    workload,
+    workload: v.workload ?? (quick ? 'quick' : 'full'),
     methods: methods as MethodName[],
     scale: [...new Set(scale)].sort((a, b) => a - b),
-    repeat: int('repeat', values.repeat, quick ? 2 : 3),
-    tasks: int('tasks', values.tasks, quick ? 2 : 8),
-    coldTasks: int('cold-tasks', values['cold-tasks'], quick ? 1 : 2),
-    out: path.resolve(values.out ?? 'bench-results'),
-    cacheDir: path.resolve(values.cache ?? defaultCacheDir()),
-    docker: values['no-docker'] !== true,
-    json: values.json === true,
+    repeat: v.repeat ?? (quick ? 2 : 3),
+    tasks: v.tasks ?? (quick ? 2 : 8),
+    coldTasks: v['cold-tasks'] ?? (quick ? 1 : 2),
+    out: v.out,
+    cacheDir: v.cache,
+    docker: !v['no-docker'],
+    json: v.json,
   };
 }
 
@@ -556,10 +540,11 @@ export async function runSuite(o: SuiteOptions, signal: AbortSignal): Promise<Su
       log('preparing the MiniSandbox side (venv and repository layers; cached after the first run)');
       // The same install network as the builder's, or the env keys differ
       // and every venv would be built again; its package indexes are served
-      // for a venv the store lacks, until the run ends (another process may
-      // be using the server meanwhile: a builder finds it and uses it).
-      index = await workload.packageIndex?.serve();
-      const prep = await prepareTasks(workload.tasks, { store: c.store, concurrency: 2, signal, ...(workload.packageIndex ? { installNetwork: workload.packageIndex.installNetwork } : {}), onProgress: (e) => e.status !== 'start' && log(`prepare ${e.done}/${e.total}: ${e.label} ${e.status}${e.error ? `: ${e.error}` : ''}`) });
+      // (on a port of this process's own) for a venv the store lacks, until
+      // the run ends.
+      const served = await workload.packageIndex?.serve();
+      index = served;
+      const prep = await prepareTasks(workload.tasks, { store: c.store, concurrency: 2, signal, ...(workload.packageIndex && served ? { installNetwork: workload.packageIndex.installNetwork, installVariables: served.variables } : {}), onProgress: (e) => e.status !== 'start' && log(`prepare ${e.done}/${e.total}: ${e.label} ${e.status}${e.error ? `: ${e.error}` : ''}`) });
       if (prep.failures.length) throw new Error(`prepare failed: ${prep.failures.map((f) => f.message).join('; ')}`);
       const layers = layerMap;
       for (const [id, p] of prep.prepared) layers.set(id, await taskLayers(c.store, p));

@@ -1,26 +1,25 @@
 /**
- * The machine's local package indexes (pip's `extra-index-url
- * file:///opt/pypi/simple ...`), served over HTTP on loopback so that an
- * environment's install commands can reach them from inside the build
- * sandbox (and a `docker build`), where /opt is not shown.
+ * The machine's local package indexes (/opt/pypi, /opt/pypi-more), served
+ * over HTTP on loopback so that an environment's install commands can reach
+ * them from inside the build sandbox (and a `docker build`), where /opt is
+ * not shown.
  *
  * Why HTTP and not a bind: `prepare` builds venvs in a sandbox whose root
  * is the host's /usr and a few /etc entries; a task's recipe is only shell
  * commands, with no way to ask for a mount. With `installNetwork: 'host'`
  * the build shares the host's network, so a server on 127.0.0.1 reaches it,
- * and the same URL serves `docker build --network host`. The port is fixed
- * because the URL is part of the install commands, and so of the recipe
- * key under which the store reuses a venv.
+ * and the same URL serves `docker build --network host`.
+ *
+ * Each process serves on a port of its own (listen on 0): the install
+ * commands name no index, pip finds it in PIP_INDEX_URL and
+ * PIP_EXTRA_INDEX_URL, given to the install step as variables that are not
+ * part of the venv's recipe key (TaskEnvs' installVariables, a docker build
+ * ARG), so a venv built under one port is reused under another.
  */
 import { createReadStream, existsSync, statSync } from 'node:fs';
-import { createServer, get, type Server } from 'node:http';
+import { createServer, type Server } from 'node:http';
 import { join, normalize } from 'node:path';
 import { SweError } from '../../lib/swe/errors.js';
-
-export const INDEX_PORT = 38517;
-export const INDEX_URL = `http://127.0.0.1:${INDEX_PORT}`;
-const MARKER_PATH = '/msbx-suite-index';
-const MARKER = 'minisandbox bench-suite package index\n';
 
 /** The served roots: URL prefix -> directory holding `simple/` and `files/`. */
 export const INDEX_ROOTS: Record<string, string> = { pypi: '/opt/pypi', 'pypi-more': '/opt/pypi-more' };
@@ -34,43 +33,25 @@ export function indexesMissing(): string | undefined {
   return missing.length ? `the local package indexes are missing (${missing.map((d) => `${d}/simple`).join(', ')})` : undefined;
 }
 
-/** pip arguments that install from the served indexes only. */
-export function pipIndexArgs(): string {
+/** The variables that make pip install from the indexes served at `url` only. */
+export function pipIndexVariables(url: string): Record<string, string> {
   const [first, ...rest] = Object.keys(INDEX_ROOTS);
-  return [`--index-url ${INDEX_URL}/${first}/simple`, ...rest.map((r) => `--extra-index-url ${INDEX_URL}/${r}/simple`)].join(' ');
+  return { PIP_INDEX_URL: `${url}/${first}/simple`, PIP_EXTRA_INDEX_URL: rest.map((r) => `${url}/${r}/simple`).join(' ') };
 }
 
 export interface ServedIndex {
   url: string;
-  /** False when another process (another builder, the runner) was already serving it. */
-  ours: boolean;
+  /** For the install step's environment: pipIndexVariables(url). */
+  variables: Record<string, string>;
   close(): Promise<void>;
 }
 
-function probe(): Promise<boolean> {
-  return new Promise((resolve) => {
-    const req = get(`${INDEX_URL}${MARKER_PATH}`, { timeout: 2000 }, (res) => {
-      let body = '';
-      res.setEncoding('utf8').on('data', (d: string) => (body += d));
-      res.on('end', () => resolve(body === MARKER));
-    });
-    req.on('error', () => resolve(false));
-    req.on('timeout', () => req.destroy());
-  });
-}
-
-/**
- * Serves the indexes read-only until close(). When the port is taken by
- * another process serving the same indexes, that one is used; anything else
- * on the port is an error naming it.
- */
+/** Serves the indexes read-only, on a free loopback port, until close(). */
 export async function serveIndexes(): Promise<ServedIndex> {
   const why = indexesMissing();
   if (why) throw new SweError(`cannot serve the package indexes: ${why}`);
   const server: Server = createServer((req, res) => {
-    const url = new URL(req.url ?? '/', INDEX_URL);
-    if (url.pathname === MARKER_PATH) return void res.end(MARKER);
-    const [, prefix, ...rest] = decodeURIComponent(url.pathname).split('/');
+    const [, prefix, ...rest] = decodeURIComponent(new URL(req.url ?? '/', 'http://index').pathname).split('/');
     const root = prefix !== undefined ? INDEX_ROOTS[prefix] : undefined;
     const relative = normalize(rest.join('/'));
     if (!root || relative.startsWith('..') || relative.includes('\0')) return void res.writeHead(404).end();
@@ -85,19 +66,16 @@ export async function serveIndexes(): Promise<ServedIndex> {
       res.writeHead(404).end();
     }
   });
-  const listening = await new Promise<boolean>((resolve, reject) => {
-    server.once('error', (err: NodeJS.ErrnoException) => (err.code === 'EADDRINUSE' ? resolve(false) : reject(err)));
-    server.listen(INDEX_PORT, '127.0.0.1', () => resolve(true));
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => resolve());
   });
-  if (!listening) {
-    if (await probe()) return { url: INDEX_URL, ours: false, close: async () => {} };
-    throw new SweError(`cannot serve the package indexes on 127.0.0.1:${INDEX_PORT}: the port is taken by something else`);
-  }
   // Never what keeps a benchmark process alive.
   server.unref();
+  const url = `http://127.0.0.1:${(server.address() as { port: number }).port}`;
   return {
-    url: INDEX_URL,
-    ours: true,
+    url,
+    variables: pipIndexVariables(url),
     close: () => new Promise<void>((resolve) => {
       server.closeAllConnections();
       server.close(() => resolve());

@@ -54,15 +54,16 @@ export interface Workload {
   timingsFile?: string;
   /**
    * What the tasks' install commands need to build a venv cold: the local
-   * package indexes served on loopback (`serve()` until close), and
-   * `prepareTasks(..., { installNetwork })` set to this value so the build
-   * sandbox can reach them. Not needed when every venv is already in the
-   * store (the recipe index reuses it without running the install).
+   * package indexes served on loopback (`serve()`, on a port of the
+   * caller's own, until close), `prepareTasks(..., { installNetwork,
+   * installVariables })` with this installNetwork, so the build sandbox can
+   * reach them, and the served index's `variables` (PIP_INDEX_URL, ...:
+   * not part of the venv's key). Not needed when every venv is already in
+   * the store (the recipe index reuses it without running the install).
    */
   packageIndex?: {
-    url: string;
     installNetwork: 'host';
-    serve: () => Promise<{ close(): Promise<void> }>;
+    serve: () => Promise<{ url: string; variables: Record<string, string>; close(): Promise<void> }>;
   };
 }
 

@@ -20,7 +20,6 @@ import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join, relative, resolve } from 'node:path';
-import { parseArgs } from 'node:util';
 import { pathToFileURL } from 'node:url';
 import { openStore } from '../../lib/layers/index.js';
 import { deriveTestLists } from '../../lib/swe/derive.js';
@@ -30,8 +29,9 @@ import { TaskEnvs } from '../../lib/swe/pipeline/taskEnvs.js';
 import { evaluateAll, prepareTasks } from '../../lib/swe/pipeline/index.js';
 import { loadTasks, type Task } from '../../lib/swe/tasks.js';
 import { dockerCommand, DockerUnavailable, ensureDocker, hostImagePaths, importImage, stopDocker, type DockerHandle } from '../lib/docker.js';
+import { flag, readArgs, text } from '../lib/args.js';
 import { exec } from '../lib/proc.js';
-import { INDEX_URL, indexesMissing, pipIndexArgs, serveIndexes, WHEEL_DIRS } from './packageIndex.js';
+import { indexesMissing, serveIndexes, WHEEL_DIRS } from './packageIndex.js';
 import { BUGS, ENVS, instanceId, QUICK, releaseOf, REPOS, type BugSpec, type EnvSpec, type RepoSpec } from './specs.js';
 import type { BuildWorkloadOptions, Workload, WorkloadDockerImages, WorkloadEnv, WorkloadSize } from './workload-types.js';
 
@@ -175,6 +175,15 @@ function repository(spec: RepoSpec, dir: string, bugs: readonly BugSpec[]): Map<
   return drafts;
 }
 
+/**
+ * An environment's install: from the served package indexes, which pip finds
+ * in PIP_INDEX_URL / PIP_EXTRA_INDEX_URL (packageIndex.ts), so the command,
+ * and with it the venv's recipe key, names no port.
+ */
+function installCommands(packages: readonly string[]): string[] {
+  return [`python -m pip install --no-cache-dir --disable-pip-version-check --only-binary=:all: ${packages.map((p) => `'${p}'`).join(' ')}`];
+}
+
 function taskOf(draft: Draft, repoPath: string): Task {
   const { bug, env } = draft;
   const repo = REPOS.find((r) => r.name === bug.repo)!;
@@ -190,7 +199,7 @@ function taskOf(draft: Draft, repoPath: string): Task {
     FAIL_TO_PASS: [],
     PASS_TO_PASS: [],
     python: env.python,
-    install: [`python -m pip install --no-cache-dir --disable-pip-version-check --only-binary=:all: ${pipIndexArgs()} ${env.packages.map((p) => `'${p}'`).join(' ')}`],
+    install: installCommands(env.packages),
     // `python -m` puts /testbed first on sys.path: the repository's package,
     // not a copy the base interpreter may have, is what is tested.
     test_cmd: `python -m pytest -rA -p no:cacheprovider ${tests.join(' ')}`,
@@ -222,9 +231,11 @@ function contentTag(...parts: string[]): string {
   return createHash('sha256').update(JSON.stringify(parts)).digest('hex').slice(0, 12);
 }
 
-async function dockerBuild(h: DockerHandle, name: string, context: string, dockerfile: string, network: boolean): Promise<void> {
+/** `buildArgs` fill the Dockerfile's ARGs: not in its text, so not in the image's content tag. */
+async function dockerBuild(h: DockerHandle, name: string, context: string, dockerfile: string, network: boolean, buildArgs: Record<string, string> = {}): Promise<void> {
   writeFileSync(join(context, 'Dockerfile'), dockerfile);
-  const r = await dockerRun(h, ['build', '-q', ...(network ? ['--network', 'host'] : []), '--label', `${IMAGE_PREFIX}=${WORKLOAD_VERSION}`, '-t', name, context]);
+  const args = Object.entries(buildArgs).flatMap(([k, v]) => ['--build-arg', `${k}=${v}`]);
+  const r = await dockerRun(h, ['build', '-q', ...(network ? ['--network', 'host'] : []), ...args, '--label', `${IMAGE_PREFIX}=${WORKLOAD_VERSION}`, '-t', name, context]);
   if (r.code !== 0) throw new SweError(`docker build of ${name} failed (${r.code}): ${(r.stderr || r.stdout).trim().split('\n').slice(-8).join('\n')}`);
 }
 
@@ -276,6 +287,8 @@ async function buildDockerImages(h: DockerHandle, tasks: Task[], envs: WorkloadE
       const install = [`${python.path} -m venv --system-site-packages --without-pip ${venv}`, ...task.install].join(' && ');
       const envFile = [
         `FROM ${base}`,
+        // The index's address, for the install only (an ARG is not kept in the image).
+        ...Object.keys(index.variables).map((k) => `ARG ${k}`),
         `ENV VIRTUAL_ENV=${venv} PATH=${venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin PYTHONNOUSERSITE=1`,
         `RUN ["/bin/bash", "-c", ${JSON.stringify(`set -e; mkdir -p /testbed; cd /testbed; ${install}`)}]`,
         '',
@@ -285,7 +298,7 @@ async function buildDockerImages(h: DockerHandle, tasks: Task[], envs: WorkloadE
       const reused = (await imageId(h, name)) !== undefined;
       if (!reused) {
         log(`docker: building ${name}`);
-        await dockerBuild(h, name, freshDir(join(scratch, 'env')), envFile, true);
+        await dockerBuild(h, name, freshDir(join(scratch, 'env')), envFile, true, index.variables);
       }
       images.envs[env.key] = name;
       timings.envs[env.key] = { image: name, ms: performance.now() - t, reused };
@@ -352,7 +365,7 @@ export async function buildWorkload(opts: BuildWorkloadOptions): Promise<Workloa
   const timingsFile = join(dir, 'timings.json');
 
   // What the set is made of: a spec edited without bumping WORKLOAD_VERSION still builds anew.
-  const specKey = createHash('sha256').update(JSON.stringify({ v: WORKLOAD_VERSION, size: opts.size, ...selected(opts.size), repos: REPOS })).digest('hex');
+  const specKey = createHash('sha256').update(JSON.stringify({ v: WORKLOAD_VERSION, size: opts.size, ...selected(opts.size), repos: REPOS, install: installCommands(['PACKAGES']) })).digest('hex');
   let manifest: Manifest | undefined;
   if (existsSync(manifestFile)) {
     const cached = JSON.parse(readFileSync(manifestFile, 'utf8')) as Manifest;
@@ -392,6 +405,7 @@ export async function buildWorkload(opts: BuildWorkloadOptions): Promise<Workloa
       derived = await deriveTestLists(drafted, {
         store,
         installNetwork: 'host',
+        installVariables: index.variables,
         concurrency: 2,
         timeoutMs: TEST_TIMEOUT_MS,
         ...(signal ? { signal } : {}),
@@ -426,7 +440,7 @@ export async function buildWorkload(opts: BuildWorkloadOptions): Promise<Workloa
 
   const loaded = loadTasks(tasksFile);
   if (loaded.errors.length) throw new SweError(`workload ${tasksFile}: ${loaded.errors.map((e) => e.message).join('; ')}`);
-  const workload: Workload = { size: opts.size, dir, tasksFile, tasks: loaded.tasks, goldPredictionsFile, reposDir, envs: manifest.envs, storeDir, timingsFile, packageIndex: { url: INDEX_URL, installNetwork: 'host', serve: serveIndexes } };
+  const workload: Workload = { size: opts.size, dir, tasksFile, tasks: loaded.tasks, goldPredictionsFile, reposDir, envs: manifest.envs, storeDir, timingsFile, packageIndex: { installNetwork: 'host', serve: serveIndexes } };
 
   if (opts.docker) {
     // Checked every time (a few `docker image inspect`s when all is there):
@@ -480,7 +494,7 @@ async function check(w: Workload): Promise<boolean> {
       sets.push(['docker', w.tasks.map((t) => ({ ...t, image: images[t.instance_id]!, isolation: 'docker' as const, repo_path: undefined }))]);
     }
     for (const [label, tasks] of sets) {
-      const prep = await prepareTasks(tasks, { store, installNetwork: w.packageIndex!.installNetwork });
+      const prep = await prepareTasks(tasks, { store, installNetwork: w.packageIndex!.installNetwork, installVariables: index.variables });
       const gold = tasks.map((t) => ({ instance_id: t.instance_id, model_name_or_path: 'gold', model_patch: t.patch }));
       const { results, report } = await evaluateAll(tasks, gold, { prepared: prep.prepared, prepareFailures: prep.failures, concurrency: 2 });
       const bad = results.filter((r) => !r.report.resolved).map((r) => r.instance_id);
@@ -495,7 +509,7 @@ async function check(w: Workload): Promise<boolean> {
 }
 
 async function main(): Promise<void> {
-  const { values } = parseArgs({ options: { quick: { type: 'boolean' }, docker: { type: 'boolean' }, cache: { type: 'string' }, check: { type: 'boolean' } } });
+  const values = readArgs('usage: node dist/benchmarks/suite/workload.js [--quick] [--docker] [--cache DIR] [--check]', { quick: flag(), docker: flag(), cache: text(), check: flag() });
   const controller = new AbortController();
   process.once('SIGINT', () => controller.abort(new Error('SIGINT')));
   const t0 = performance.now();

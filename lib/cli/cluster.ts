@@ -3,12 +3,12 @@
  * share: the queue URL and the Redis credentials' options, read into a
  * QueueTarget by lib/cluster.
  */
-import { readFileSync } from 'node:fs';
 import { ClusterError, evaluateOnQueue, parseQueueUrl, prepareOnQueue, REDIS_PASSWORD_ENV, type QueueTarget } from '../cluster/index.js';
 import { createProgress } from '../swe/pipeline/progress.js';
 import type { EvalRunReport } from '../swe/pipeline/runReport.js';
 import type { Prediction, Task, TaskIsolation } from '../swe/tasks.js';
-import { CommandError, fsReason, type Args, type OptionSpec } from './args.js';
+import { CommandError, type Args, type OptionSpec } from './args.js';
+import { redisClientOptions, redisOptions } from './redis.js';
 import { err, printPrepareSummary, writeRunOutputs } from './swe.js';
 
 const REDIS = 'Queue (Redis)';
@@ -21,33 +21,16 @@ export const QUEUE_OPTIONS: Record<string, OptionSpec> = {
 NAME on that Redis. The password comes from --redis-password-file or
 ${REDIS_PASSWORD_ENV} (a password in the URL is visible to ps)`,
   },
-  '--redis-password-file': {
-    values: ['FILE'],
-    section: REDIS,
-    help: 'The Redis password (one line); a file you own must be chmod 600',
-  },
-  '--redis-ca': { values: ['FILE'], section: REDIS, help: 'PEM certificate(s) to trust for rediss:// (default: the system CAs)' },
-  '--redis-cert': { values: ['FILE'], section: REDIS, help: 'Client certificate (PEM) for rediss:// with client authentication' },
-  '--redis-key': { values: ['FILE'], section: REDIS, help: 'Its private key (PEM)' },
+  ...redisOptions(REDIS),
 };
 
 /** The queue the options name (a CommandError in the options' terms otherwise); hides a password given in the URL from ps. */
 export function queueTarget(args: Args, command: string): QueueTarget {
   const url = args.get('--queue')!;
-  const pem = (flag: string) => {
-    const file = args.get(flag);
-    if (file === undefined) return {};
-    try {
-      return { [flag.replace('--redis-', '')]: readFileSync(file, 'utf8') };
-    } catch (e) {
-      throw new CommandError(`${flag} ${file}: ${fsReason(e)}`);
-    }
-  };
-  const tls = { ...pem('--redis-ca'), ...pem('--redis-cert'), ...pem('--redis-key') };
-  const file = args.get('--redis-password-file');
+  const redis = redisClientOptions(args);
   let target: QueueTarget;
   try {
-    target = parseQueueUrl(url, { ...(file !== undefined ? { passwordFile: file } : {}), ...(Object.keys(tls).length > 0 ? { tls } : {}) });
+    target = parseQueueUrl(url, redis);
   } catch (e) {
     throw new CommandError((e as Error).message, { cause: e });
   }

@@ -23,6 +23,18 @@ export const ISOLATION_OPTION: OptionSpec = {
 Docker (every task must name an image), over each task's own "isolation"`,
 };
 
+/** `--install-network none|host` of prepare and eval: TaskEnvs' installNetwork. */
+export const INSTALL_NETWORK_OPTION: OptionSpec = {
+  values: ['none|host'],
+  check: oneOf('none', 'host'),
+  default: 'none',
+  help: `Network of the environments' install step only (building a venv: its
+install commands, e.g. a pip install from a package index), never of the
+evaluation, whose sandboxes have none. A venv built with host is another
+than one built with none (the network is part of its key): give eval the
+value prepare had`,
+};
+
 export const out = (text: string) => process.stdout.write(text.endsWith('\n') ? text : `${text}\n`);
 export const err = (text: string) => process.stderr.write(text.endsWith('\n') ? text : `${text}\n`);
 
@@ -95,10 +107,22 @@ export function printPrepareSummary(s: PrepareSummary, rejected: number, storeDi
 }
 
 /** Prepares with a progress bar; prints failures one by one and the summary. */
-export async function prepareWithProgress(tasks: Task[], storeDir: string, jobs: number, rejected: number, isolation?: TaskIsolation): Promise<PrepareResult> {
+export async function prepareWithProgress(
+  tasks: Task[],
+  storeDir: string,
+  jobs: number,
+  rejected: number,
+  opts: { isolation?: TaskIsolation; installNetwork?: 'none' | 'host' } = {},
+): Promise<PrepareResult> {
   const store = await openStore({ root: storeDir });
   const progress = prepareProgress();
-  const result = await prepareTasks(tasks, { store, concurrency: jobs, onProgress: progress.onProgress, ...(isolation ? { isolation } : {}) });
+  const result = await prepareTasks(tasks, {
+    store,
+    concurrency: jobs,
+    onProgress: progress.onProgress,
+    ...(opts.isolation ? { isolation: opts.isolation } : {}),
+    ...(opts.installNetwork ? { installNetwork: opts.installNetwork } : {}),
+  });
   progress.end();
   for (const f of result.failures) err(`not prepared: ${f.message}`);
   printPrepareSummary(result.summary, rejected, storeDir);
@@ -115,6 +139,8 @@ export interface RunOptions {
   logsDir?: string;
   /** Every task's isolation, over what each task says. */
   isolation?: TaskIsolation;
+  /** Network of the environments' install step (default none). */
+  installNetwork?: 'none' | 'host';
   /** Tasks of the file that could not be read (for the summary). */
   rejected?: number;
 }
@@ -165,7 +191,10 @@ function printReport(report: EvalRunReport, results: EvalResult[]): void {
 export async function runEvaluation(o: RunOptions): Promise<{ report: EvalRunReport; results: EvalResult[] }> {
   const wanted = new Set(o.predictions.map((p) => p.instance_id));
   // Only tasks with a prediction need an environment.
-  const prep = await prepareWithProgress(o.tasks.filter((t) => wanted.has(t.instance_id)), o.storeDir, o.jobs, o.rejected ?? 0, o.isolation);
+  const prep = await prepareWithProgress(o.tasks.filter((t) => wanted.has(t.instance_id)), o.storeDir, o.jobs, o.rejected ?? 0, {
+    ...(o.isolation ? { isolation: o.isolation } : {}),
+    ...(o.installNetwork ? { installNetwork: o.installNetwork } : {}),
+  });
   const progress = createProgress();
   const { results, report } = await evaluateAll(o.tasks, o.predictions, {
     prepared: prep.prepared,

@@ -56,6 +56,14 @@ export interface BuildEnvOptions {
    * stored once (lib/layers/times.ts). false keeps the build's own times.
    */
   normalizeTimes?: boolean;
+  /**
+   * Variables for every build step that are not part of the recipe: not in
+   * its key (an env built with other values is reused) and not recorded with
+   * the env. For where to fetch from, never what to install: e.g.
+   * PIP_INDEX_URL of a package index served on a port that changes from one
+   * run to the next. A name the recipe's `env` sets too is an error.
+   */
+  stepVariables?: Record<string, string>;
   signal?: AbortSignal;
 }
 
@@ -109,6 +117,10 @@ function tail(text: string, lines = 25): string {
  */
 export async function buildEnv(recipe: EnvRecipe, opts: BuildEnvOptions): Promise<Env> {
   const r = checkRecipe(recipe);
+  for (const [k, v] of Object.entries(opts.stepVariables ?? {})) {
+    if (typeof v !== 'string' || k === '' || k.includes('=') || k.includes('\0')) throw new EnvError(`stepVariables.${k}: must be a name with a string value`);
+    if (k in r.env) throw new EnvError(`stepVariables.${k}: recipe.env sets it too; give it in one (recipe.env is part of the recipe's key, stepVariables not)`);
+  }
   const python = resolvePython(r.python);
   const key = await recipeKey(r, python, { keepRepo: opts.keepRepo !== false, normalizeTimes: opts.normalizeTimes !== false });
   if (key === undefined) return build(r, python, opts);
@@ -160,6 +172,7 @@ async function build(r: CheckedRecipe, python: BasePython, opts: BuildEnvOptions
         PIP_NO_CACHE_DIR: '1',
         PIP_DISABLE_PIP_VERSION_CHECK: '1',
         ...(r.network === 'none' ? { PIP_NO_INDEX: '1' } : {}),
+        ...opts.stepVariables,
         ...r.env,
       },
       cwd: r.repoPath ?? '/tmp',

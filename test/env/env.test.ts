@@ -283,6 +283,30 @@ describe.skipIf(!python)('the recipe index: a recipe is built once', () => {
   }, 300_000);
 });
 
+describe.skipIf(!python)('stepVariables: build-step variables outside the recipe', () => {
+  const tmp = tempDir('msbx-env-stepvars-');
+  afterAll(() => tmp.remove());
+
+  it('reach every step, are not part of the key (another value reuses the env), and may not shadow recipe.env', async () => {
+    const store = await openStore({ root: path.join(tmp.path, 'store') });
+    const recipe = { python: python!.path, steps: [{ run: 'echo "index=$PIP_INDEX_URL" > /opt/venv/seen' }], systemSitePackages: true, network: 'host' as const };
+    const first = await buildEnv(recipe, { store, keepArchives: false, stepVariables: { PIP_INDEX_URL: 'http://127.0.0.1:40001/simple' } });
+    expect(first.reused).toBeUndefined();
+    await using sb = await createEnvSandbox(first);
+    expect(await out(sb, 'cat /opt/venv/seen')).toBe('index=http://127.0.0.1:40001/simple');
+
+    const otherPort = await buildEnv(recipe, { store, keepArchives: false, stepVariables: { PIP_INDEX_URL: 'http://127.0.0.1:40002/simple' } });
+    expect([otherPort.id, otherPort.reused]).toEqual([first.id, true]);
+    const none = await buildEnv(recipe, { store, keepArchives: false });
+    expect([none.id, none.reused]).toEqual([first.id, true]);
+
+    await expect(buildEnv({ ...recipe, env: { PIP_INDEX_URL: 'x' } }, { store, stepVariables: { PIP_INDEX_URL: 'y' } })).rejects.toThrow(
+      /stepVariables\.PIP_INDEX_URL: recipe\.env sets it too/,
+    );
+    await expect(buildEnv(recipe, { store, stepVariables: { 'A=B': 'y' } })).rejects.toThrow(/stepVariables\.A=B: must be a name with a string value/);
+  }, 300_000);
+});
+
 describe.skipIf(!python)('env build errors', () => {
   const tmp = tempDir('msbx-env-err-');
   afterAll(() => tmp.remove());

@@ -1,9 +1,10 @@
 /** `minisandbox eval`: predictions on a task set, each in a fresh sandbox. */
 import { absolutePath, outputFile, readableFile, UsageError, type Command } from '../args.js';
 import { JOBS_OPTION, STORE_OPTION, TEST_TIMEOUT_OPTION } from '../options.js';
-import { ISOLATION_OPTION, readPredictions, readTasks, runEvaluation } from '../swe.js';
+import { INSTALL_NETWORK_OPTION, ISOLATION_OPTION, readPredictions, readTasks, runEvaluation } from '../swe.js';
 import type { TaskIsolation } from '../../swe/tasks.js';
 import { QUEUE_OPTIONS, runQueueEvaluation } from '../cluster.js';
+import { REDIS_FLAGS, refuseWithoutQueue } from '../redis.js';
 
 const evalCommand: Command = {
   spec: {
@@ -28,6 +29,7 @@ instances already graded are not run again (docs/cluster.md).`,
       '--jobs': { ...JOBS_OPTION, help: 'Evaluations (and builds) at once' },
       '--timeout': TEST_TIMEOUT_OPTION,
       '--isolation': ISOLATION_OPTION,
+      '--install-network': INSTALL_NETWORK_OPTION,
       '--report': {
         values: ['FILE'],
         check: outputFile,
@@ -57,7 +59,7 @@ errors), 2 on usage errors.`,
     const logs = args.get('--logs');
     const isolation = args.get<TaskIsolation>('--isolation');
     if (args.has('--queue')) {
-      for (const [flag, instead] of [['--store', "each worker's --store"], ['--jobs', "each worker's --slots"]] as const) {
+      for (const [flag, instead] of [['--store', "each worker's --store"], ['--jobs', "each worker's --slots"], ['--install-network', 'the workers build offline']] as const) {
         if (args.has(flag)) throw new UsageError(`${flag} does not apply with --queue: the workers evaluate (${instead})`);
       }
       const run = await runQueueEvaluation(args, {
@@ -70,9 +72,7 @@ errors), 2 on usage errors.`,
       });
       return run.error_instances === 0 && rejected === 0 && predictions.rejected === 0 ? 0 : 1;
     }
-    for (const flag of ['--redis-password-file', '--redis-ca', '--redis-cert', '--redis-key', '--run-id']) {
-      if (args.has(flag)) throw new UsageError(`${flag} is an option of --queue`);
-    }
+    refuseWithoutQueue(args, [...REDIS_FLAGS, '--run-id']);
     const { report: run } = await runEvaluation({
       tasks,
       predictions: predictions.predictions,
@@ -82,6 +82,7 @@ errors), 2 on usage errors.`,
       ...(report ? { reportFile: report } : {}),
       ...(logs ? { logsDir: logs } : {}),
       ...(isolation ? { isolation } : {}),
+      installNetwork: args.get<'none' | 'host'>('--install-network')!,
       rejected,
     });
     return run.error_instances === 0 && rejected === 0 && predictions.rejected === 0 ? 0 : 1;

@@ -9,8 +9,9 @@ import { parseSize } from '../../sandbox/limits.js';
 import { authTokenProblem } from '../../server/http.js';
 import { startServer, type ServerOptions } from '../../server/index.js';
 import { MIN_OUTPUT_BYTES } from '../../shell/index.js';
-import { CommandError, UsageError, cores, fsReason, oneOf, port, positiveInt, readableFile, seconds, type Args, type Command, type ValueCheck } from '../args.js';
+import { CommandError, UsageError, cores, fsReason, oneOf, port, positiveInt, seconds, type Args, type Command, type ValueCheck } from '../args.js';
 import { STORE_OPTION } from '../options.js';
+import { REDIS_FLAGS, redisClientOptions, redisOptions, refuseWithoutQueue } from '../redis.js';
 
 export const AUTH_TOKEN_ENV = 'MINISANDBOX_AUTH_TOKEN';
 
@@ -166,17 +167,7 @@ node must have the same auth token`,
       section: CLUSTER,
       help: 'A node that has not sent a heartbeat for this long leaves placement, and its sandboxes are reported gone (default 15)',
     },
-    '--redis-password-file': {
-      values: ['FILE'],
-      section: CLUSTER,
-      help: `Redis's password (or the ACL user's), also from the URL or
-MINISANDBOX_REDIS_PASSWORD; a file you own must be chmod 600`,
-    },
-    '--redis-user': { values: ['USER'], section: CLUSTER, help: 'Redis ACL user (also USER@ in the URL)' },
-    '--redis-tls': { section: CLUSTER, help: 'TLS to Redis with a redis:// URL (rediss:// implies it)' },
-    '--redis-ca': { values: ['FILE'], check: readableFile, section: CLUSTER, help: 'PEM CA certificate(s) that Redis\'s certificate must chain to (implies TLS)' },
-    '--redis-cert': { values: ['FILE'], check: readableFile, section: CLUSTER, help: 'PEM client certificate, for a Redis that asks for one (with --redis-key)' },
-    '--redis-key': { values: ['FILE'], check: readableFile, section: CLUSTER, help: 'PEM private key of --redis-cert' },
+    ...redisOptions(CLUSTER),
   },
   exitCodes: `Exit code: 0 after SIGINT or SIGTERM (every sandbox closed); 1 when the
 server cannot start (the port is taken...); 2 on usage errors.`,
@@ -215,31 +206,14 @@ function serverOptions(args: Args, fromEnv: string | undefined): { options: Serv
   };
 }
 
-const CLUSTER_ONLY = ['--advertise', '--slots', '--heartbeat-ttl', '--redis-password-file', '--redis-user', '--redis-tls', '--redis-ca', '--redis-cert', '--redis-key'];
+const CLUSTER_ONLY = ['--advertise', '--slots', '--heartbeat-ttl', ...REDIS_FLAGS];
 
 /** The cluster options, or none without --queue (whose companions then mean nothing: refused, not ignored). */
 function clusterOptions(args: Args): Pick<ServerOptions, 'cluster'> {
+  refuseWithoutQueue(args, CLUSTER_ONLY);
   const queue = args.get('--queue');
-  if (queue === undefined) {
-    const stray = CLUSTER_ONLY.filter((f) => args.has(f));
-    if (stray.length) throw new UsageError(`${stray.join(', ')} ${stray.length === 1 ? 'needs' : 'need'} --queue redis://HOST:PORT/NAME`);
-    return {};
-  }
-  if (args.has('--redis-cert') !== args.has('--redis-key')) throw new UsageError('--redis-cert and --redis-key go together');
-  const pem = (flag: string) => {
-    const file = args.get(flag);
-    if (file === undefined) return {};
-    try {
-      return { [flag.slice('--redis-'.length)]: readFileSync(file, 'utf8') };
-    } catch (e) {
-      throw new UsageError(`${flag} ${file}: ${fsReason(e)}`);
-    }
-  };
-  const tlsFiles = { ...pem('--redis-ca'), ...pem('--redis-cert'), ...pem('--redis-key') };
-  const tls = Object.keys(tlsFiles).length ? tlsFiles : args.has('--redis-tls') ? true : undefined;
-  const password = args.get('--redis-password-file');
-  const user = args.get('--redis-user');
-  const redis = { ...(password !== undefined ? { passwordFile: password } : {}), ...(user !== undefined ? { username: user } : {}), ...(tls ? { tls } : {}) };
+  if (queue === undefined) return {};
+  const redis = redisClientOptions(args);
   const ttl = args.get<number>('--heartbeat-ttl');
   const advertise = args.get('--advertise');
   const slots = args.get<number>('--slots');

@@ -32,6 +32,13 @@ export interface TaskEnvOptions {
   store: LayerStore;
   /** Network while installing: 'none' (default, offline) or 'host' (e.g. to reach a package index). */
   installNetwork?: 'none' | 'host';
+  /**
+   * Variables for the install commands that are not part of the env's key
+   * (lib/env's stepVariables): where to fetch from, e.g. PIP_INDEX_URL of a
+   * package index on a port that changes between runs. A venv built with
+   * other values is reused.
+   */
+  installVariables?: Record<string, string>;
   /** Per install command (default 15 minutes). */
   installTimeoutMs?: number;
   /** Where sandboxes' private dirs go during builds (default: the sandbox default). */
@@ -148,6 +155,7 @@ export class TaskEnvs {
         keepArchives: false,
         keepRepo: false,
         ...(this.#opts.stateDir ? { stateDir: this.#opts.stateDir } : {}),
+        ...(this.#opts.installVariables ? { stepVariables: this.#opts.installVariables } : {}),
         ...(opts.signal ? { signal: opts.signal } : {}),
       },
     );
