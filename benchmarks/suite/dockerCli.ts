@@ -4,6 +4,7 @@
  * starts a dockerd when it must), the suite installs and starts nothing:
  * it says what is missing and how to get it, and runs without Docker.
  */
+import { setMaxListeners } from 'node:events';
 import { exec, execOk, isExecutable, which, type ExecResult } from '../lib/proc.js';
 
 export interface DockerCli {
@@ -20,12 +21,19 @@ export const SUITE_NAME = 'msbx-suite';
 export const SUITE_LABEL = 'msbx-suite=runner';
 
 /** Aborted on an interrupt, killing the docker CLI processes running then (a `docker save` would go on writing gigabytes). */
-let interrupt = new AbortController();
+let interrupt = newInterrupt();
+
+function newInterrupt(): AbortController {
+  const c = new AbortController();
+  // Every running docker command listens on it: 256 at once when scaling.
+  setMaxListeners(0, c.signal);
+  return c;
+}
 
 export function killDockerClis(): void {
   interrupt.abort();
   // The cleanup that follows runs docker commands of its own.
-  interrupt = new AbortController();
+  interrupt = newInterrupt();
 }
 
 /** Runs the docker CLI; throws naming the command and Docker's reason unless allowFail. */
