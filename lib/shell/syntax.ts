@@ -208,6 +208,7 @@ class Process {
     this.child.on('error', (e) => this.die(e));
     // On 'exit', not 'close': a subshell it had forked may hold the pipes open.
     this.child.on('exit', (code, signal) => this.die(null, code, signal));
+    killAtExit(this);
     this.child.stdin!.write(`${this.nonce}\n`);
     const probe: Job = {
       text: PROBE,
@@ -301,6 +302,7 @@ class Process {
   private die(error: Error | null, code?: number | null, signal?: NodeJS.Signals | null): void {
     if (this.dead) return;
     this.dead = true;
+    running.delete(this);
     if (this.timer) clearTimeout(this.timer);
     this.kill();
     const job = this.active;
@@ -321,7 +323,7 @@ class Process {
     this.onDeath(this);
   }
 
-  private kill(): void {
+  kill(): void {
     if (this.child.pid === undefined || this.child.exitCode !== null || this.child.signalCode !== null) return;
     try {
       process.kill(-this.child.pid, 'SIGKILL');
@@ -339,6 +341,23 @@ class Process {
       }
     }
   }
+}
+
+/**
+ * The checkers alive, killed when Node exits. Without that, a checker would
+ * end only when it reads the end of its stdin, a moment after Node is gone:
+ * whoever waited for Node's exit (a test, a supervisor) could still see it.
+ */
+const running = new Set<Process>();
+let exitHook = false;
+
+function killAtExit(p: Process): void {
+  running.add(p);
+  if (exitHook) return;
+  exitHook = true;
+  process.once('exit', () => {
+    for (const q of running) q.kill();
+  });
 }
 
 /** The checks of one bash path: a FIFO served by one checker process at a time. */

@@ -264,6 +264,47 @@ describe('checker lifecycle', () => {
     expect(existsSync(`/proc/${pid}`)).toBe(false);
   }, 30_000);
 
+  test('is killed, with the subshell it forked, when Node exits, not left to notice the end of its stdin', async () => {
+    // A stopped checker never reads that end: only Node's exit hook ends it.
+    const script = `
+      import { readFileSync } from 'node:fs';
+      import { checkBashSyntax, syntaxCheckerPid } from ${JSON.stringify(syntaxModule)};
+      await checkBashSyntax('echo "x" | cat');
+      const pid = syntaxCheckerPid();
+      let sub = [];
+      for (let i = 0; i < 100 && !sub.length; i++) {
+        sub = readFileSync('/proc/' + pid + '/task/' + pid + '/children', 'utf8').trim().split(' ').filter(Boolean).map(Number);
+        if (!sub.length) await new Promise((r) => setTimeout(r, 10));
+      }
+      process.kill(-pid, 'SIGSTOP');
+      process.stdout.write(JSON.stringify([pid, ...sub]));
+      process.exit(0);`;
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8', timeout: 20_000 });
+    expect(r.status, r.stderr).toBe(0);
+    const pids = JSON.parse(r.stdout) as number[];
+    expect(pids.length, 'the checker and its spare subshell').toBe(2);
+    const running = (p: number) => {
+      try {
+        return !/^\S+ \(.*\) Z/.test(readFileSync(`/proc/${p}/stat`, 'utf8'));
+      } catch {
+        return false;
+      }
+    };
+    const deadline = Date.now() + 2000;
+    while (pids.some(running) && Date.now() < deadline) await new Promise((res) => setTimeout(res, 20));
+    try {
+      expect(pids.filter(running)).toEqual([]);
+    } finally {
+      for (const p of pids) {
+        try {
+          process.kill(p, 'SIGKILL');
+        } catch {
+          // gone, as it should be
+        }
+      }
+    }
+  }, 30_000);
+
   test('exits within 2 s of the check when Node has nothing else to do', async () => {
     const script = `
       import { checkBashSyntax } from ${JSON.stringify(syntaxModule)};
