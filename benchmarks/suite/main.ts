@@ -610,26 +610,47 @@ export async function cleanup(d: DockerCli | undefined): Promise<void> {
   scratchDirs.clear();
 }
 
+/** How long an interrupted run may take to unwind (close what it opened itself) before the suite exits anyway. */
+const UNWIND_MS = 20_000;
+
 async function main(): Promise<void> {
   const o = parseOptions(process.argv.slice(2));
   const abort = new AbortController();
   let interrupted = false;
+  let run: Promise<SuiteResults> | undefined;
   const onSignal = (sig: NodeJS.Signals) => {
     if (interrupted) return;
     interrupted = true;
     log(`${sig}: stopping, removing every container and sandbox the suite made`);
     abort.abort(new Error(`interrupted by ${sig}`));
-    // Work in flight may not notice the abort soon: clean up now and exit.
     void (async () => {
       const found = o.docker ? await findDocker() : undefined;
-      await cleanup(found && !('missing' in found) ? found : undefined);
+      const d = found && !('missing' in found) ? found : undefined;
+      // What the suite opened, closed now: steps in flight fail at once
+      // rather than run on to their timeouts.
+      await cleanup(d);
+      // Then the run unwinds: what the library opened for it (the env
+      // builds' sandboxes while preparing, the docker CLIs being killed)
+      // is closed and reaped by the code that opened it, on the abort.
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([run?.catch(() => undefined), new Promise((r) => (timer = setTimeout(r, UNWIND_MS)))]);
+      clearTimeout(timer);
+      await cleanup(d);
       log('cleaned up');
       process.exit(sig === 'SIGINT' ? 130 : 143);
     })();
   };
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
-  const results = await runSuite(o, abort.signal);
+  run = runSuite(o, abort.signal);
+  let results: SuiteResults;
+  try {
+    results = await run;
+  } catch (err) {
+    // Interrupted: the signal handler exits when the cleanup is done.
+    if (interrupted) return;
+    throw err;
+  }
   const files = await writeResults(o.out, results);
   log(`wrote ${files.map((f) => path.relative(process.cwd(), f)).join(', ')}`);
   if (o.json) process.stdout.write(`${JSON.stringify(results)}\n`);
