@@ -4,6 +4,9 @@
  * - exec of `true` in a running sandbox (target: median <= 2 ms, and at
  *   least 20x faster than `docker exec` into a running container);
  * - a session.run('true') round trip (target: median <= 2 ms);
+ * - a 400-byte command and a 25 KB heredoc typed into the session's bash
+ *   (--noediting: whole lines from the terminal) against a bash with
+ *   readline (a byte per read, editing work per byte), in ABBA order;
  * - the syntax check of an agent's command (quotes, a pipe, `$`), which
  *   session.run does on the host first: a spawned `bash -n` per check (as
  *   before the checker, kept here as the peer) against the long-lived
@@ -17,7 +20,8 @@
 import { readFileSync } from 'node:fs';
 import { cpus, loadavg, release } from 'node:os';
 import { performance } from 'node:perf_hooks';
-import { Sandbox } from '../lib/index.js';
+import { Sandbox, terminalChannel } from '../lib/index.js';
+import { ShellSession } from '../lib/shell/session.js';
 import { checkBashSyntax, spawnBashN } from '../lib/shell/syntax.js';
 import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
 import { count, flag, readArgs } from './lib/args.js';
@@ -121,6 +125,20 @@ async function main(): Promise<void> {
   const session = await sb.shell();
   log(`session.run('true'): ${o.iterations} runs`);
   const sessionTrue = summarize(await timeMany(o.iterations, 10, () => session.run('true')));
+  log(`long commands typed: the session's bash against a bash with readline, ABBA`);
+  const readlineBash = sb.spawn(['/bin/bash', '--norc', '--noprofile'], { pty: { cols: 80, rows: 24 } });
+  await readlineBash.ready;
+  const readline = await ShellSession.start(terminalChannel(readlineBash));
+  const typed = async (s: ShellSession, command: string) => {
+    const r = await s.run(command, { check: 'silent' });
+    if (r.exitCode !== 0) throw new Error(`typed command exited ${r.exitCode}: ${r.output.slice(0, 200)}`);
+  };
+  const line400 = `: ${'x'.repeat(398)}`;
+  const heredoc25k = heredoc100k().slice(-25_000).replace(/^[^\n]*\n/, "cat > /dev/null <<'EOF'\n");
+  const summarizePair = ([a, b]: [number[], number[]]): [Summary, Summary] => [summarize(a), summarize(b)];
+  const [short, shortReadline] = summarizePair(await timePair(o.iterations / 4, 5, () => typed(session, line400), () => typed(readline, line400)));
+  const [long, longReadline] = summarizePair(await timePair(Math.max(4, o.iterations / 20), 1, () => typed(session, heredoc25k), () => typed(readline, heredoc25k)));
+  await readline.close();
   log(`syntax check: spawned bash -n against the checker, ${o.iterations} runs each`);
   const expectOk = (r: { ok: boolean; stderr: string }) => {
     if (!r.ok) throw new Error(`syntax check failed: ${r.stderr}`);
@@ -155,6 +173,7 @@ async function main(): Promise<void> {
     execTrue,
     execNoFilter,
     sessionTrue,
+    typed: { line400: { session: short, readline: shortReadline }, heredoc25k: { bytes: Buffer.byteLength(heredoc25k), session: long, readline: longReadline } },
     syntaxCheck: { command: AGENT_COMMAND, spawned: checkOld, checker: checkNew, checkerPerStep: checkStep, heredoc100k: { spawned: checkBigOld, checkerPerStep: checkBigNew } },
     docker,
     concurrent: { requested: o.concurrent, created: ok.length, failed, totalMs, perSecond: (ok.length / totalMs) * 1000, allAnswered: answers.every(Boolean) },
@@ -165,7 +184,7 @@ async function main(): Promise<void> {
     return;
   }
   const row = (name: string, s: Summary) => [name, String(s.n), formatMs(s.median), formatMs(s.p95), formatMs(s.mean)];
-  const rows = [['', 'n', 'median', 'p95', 'mean'], row('Sandbox.create + first exec', create), row('exec true (running sandbox)', execTrue), row("exec true, seccomp 'none'", execNoFilter), row("session.run('true')", sessionTrue), row('syntax check, spawned bash -n (before)', checkOld), row('syntax check, checker, back to back', checkNew), row('syntax check, checker, one per step', checkStep), row('100 KB heredoc, spawned bash -n', checkBigOld), row('100 KB heredoc, checker, one per step', checkBigNew)];
+  const rows = [['', 'n', 'median', 'p95', 'mean'], row('Sandbox.create + first exec', create), row('exec true (running sandbox)', execTrue), row("exec true, seccomp 'none'", execNoFilter), row("session.run('true')", sessionTrue), row('400-byte command, session (no readline)', short), row('400-byte command, bash with readline', shortReadline), row('25 KB heredoc, session (no readline)', long), row('25 KB heredoc, bash with readline', longReadline), row('syntax check, spawned bash -n (before)', checkOld), row('syntax check, checker, back to back', checkNew), row('syntax check, checker, one per step', checkStep), row('100 KB heredoc, spawned bash -n', checkBigOld), row('100 KB heredoc, checker, one per step', checkBigNew)];
   if (typeof docker !== 'string') rows.push(row('docker exec true (running container)', docker));
   const verdict = (ok: boolean) => (ok ? 'PASS' : 'FAIL');
   const lines = [
@@ -180,6 +199,7 @@ async function main(): Promise<void> {
       ? `docker exec: ${docker}`
       : `docker exec median / exec median = ${formatRatio(docker.median / execTrue.median)} (target >= 20): ${verdict(docker.median / execTrue.median >= 20)}`,
     `session.run('true') median ${formatMs(sessionTrue.median)} (target <= 2 ms): ${verdict(sessionTrue.median <= 2)}`,
+    `typed without readline: 400-byte command ${formatMs(short.median)} against ${formatMs(shortReadline.median)} with readline (${formatRatio(shortReadline.median / short.median)} faster), 25 KB heredoc ${formatMs(long.median)} against ${formatMs(longReadline.median)} (${formatRatio(longReadline.median / long.median)})`,
     `syntax check median: spawned bash -n ${formatMs(checkOld.median)}, checker ${formatMs(checkNew.median)} back to back (${formatRatio(checkOld.median / checkNew.median)} faster), ${formatMs(checkStep.median)} one per step (${formatRatio(checkOld.median / checkStep.median)} faster; target < 1 ms): ${verdict(checkStep.median < 1)}`,
     `100 KB heredoc check median: spawned bash -n ${formatMs(checkBigOld.median)}, checker ${formatMs(checkBigNew.median)} (${formatRatio(checkBigOld.median / checkBigNew.median)})`,
     `${o.concurrent} concurrent creates: ${ok.length} ok, ${failed.length} failed${failed.length ? ` (${failed[0]})` : ''}, ${formatMs(totalMs)} total, ${((ok.length / totalMs) * 1000).toFixed(0)} sandboxes/s, all answered: ${answers.every(Boolean)}`,
@@ -190,5 +210,6 @@ async function main(): Promise<void> {
 
 main().catch((e) => {
   process.stderr.write(`${(e as Error).stack}\n`);
-  process.exitCode = 1;
+  // Sandboxes still open would keep Node waiting: they die with it.
+  process.exit(1);
 });

@@ -6,6 +6,6 @@ export { run, type RunResult } from './run.js';
 export * as policy from './policy.js';
 export { idRangeSupport, type IdRangeSupport, type SubidRange } from './policy.js';
 export { doctor, type Check } from './doctor.js';
-export { Sandbox, type SandboxCreateOptions, type ExecOptions, type ExecResult, type ShellOptions, type Command } from './sandbox.js';
+export { Sandbox, terminalChannel, type SandboxCreateOptions, type ExecOptions, type ExecResult, type ShellOptions, type Command } from './sandbox.js';
 export { SandboxLimits, type Limits, type LimitReport } from './limits.js';
 export { collectGarbage, defaultStateDir, type GcResult } from './state.js';

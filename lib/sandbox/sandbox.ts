@@ -320,7 +320,7 @@ export class Sandbox implements AsyncDisposable {
     }
     try {
       // --noediting: readline reads a typed line a byte at a time, with
-      // work per byte (~1 ms of a short command's round trip, ~250 ms for a
+      // work per byte (~1 ms of a short command's round trip, ~230 ms for a
       // 25 KB heredoc); without it bash reads whole lines from the terminal.
       // The protocol keeps each typed line under the line discipline's limit.
       const proc = this.spawn(['/bin/bash', '--noediting'], {
@@ -329,7 +329,7 @@ export class Sandbox implements AsyncDisposable {
         env: opts.env,
       });
       await proc.ready;
-      const session = await ShellSession.start(ptyChannel(proc), {
+      const session = await ShellSession.start(terminalChannel(proc), {
         startupSource: opts.startupSource,
         startupTimeoutMs: opts.startupTimeoutMs,
         maxOutputBytes: opts.maxOutputBytes,
@@ -561,9 +561,14 @@ async function initHandled(pid: number, signo: number): Promise<void> {
   }
 }
 
-/** The terminal of a sandboxed process as the shell session's channel. */
-function ptyChannel(proc: SandboxProcess): PtyChannel {
-  const term = proc.terminal!;
+/**
+ * The terminal of a sandboxed process (spawned with `pty`) as a shell
+ * session's channel: `ShellSession.start(terminalChannel(proc))` runs a
+ * session on a shell started otherwise than by shell().
+ */
+export function terminalChannel(proc: SandboxProcess): PtyChannel {
+  if (!proc.terminal) throw new ConfigError('terminalChannel: the process has no terminal yet (spawn it with the pty option and await its ready)', 'pty');
+  const term = proc.terminal;
   return {
     write: (data) => term.write(data),
     onData: (listener) => {

@@ -35,7 +35,7 @@ const WRAPPER_TRACE_RE =
 /**
  * The longest line typed into the shell. The shell reads without readline
  * (Sandbox.shell: readline reads a line a byte at a time, with work per
- * byte, ~1 ms for a short command and ~250 ms for a 25 KB one), so the
+ * byte, ~1 ms for a short command and ~230 ms for a 25 KB one), so the
  * terminal is in canonical mode while it reads, and the line discipline
  * keeps at most 4095 bytes of a line (N_TTY_BUF_SIZE), dropping the rest.
  */
