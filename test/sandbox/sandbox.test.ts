@@ -2,8 +2,8 @@ import { fork } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ConfigError, Sandbox, collectGarbage } from '../../lib/index.js';
-import { SessionExistsError, type ShellSession } from '../../lib/shell/index.js';
+import { ConfigError, Sandbox, collectGarbage, terminalChannel } from '../../lib/index.js';
+import { SessionExistsError, ShellSession } from '../../lib/shell/index.js';
 import { hostPidsMatching, tempDir, uniqueSleep, waitFor } from '../helpers.js';
 
 // Each test file gets its own state dir, so gc in one never races another.
@@ -48,6 +48,21 @@ describe('a persistent sandbox', () => {
     const r = await sh.run('pwd; greet world');
     expect(r).toMatchObject({ output: '/tmp\nhello world\n', exitCode: 0 });
     await sh.close();
+  });
+
+  it('runs a session on a shell started otherwise (terminalChannel), and refuses a process without a terminal', async () => {
+    const bash = sb.spawn(['/bin/bash', '--norc', '--noprofile'], { pty: { cols: 80, rows: 24 } });
+    expect(() => terminalChannel(bash)).toThrow(ConfigError); // not ready: no terminal yet
+    await bash.ready;
+    const sh = await ShellSession.start(terminalChannel(bash));
+    // This bash has readline (no --noediting): a line longer than the canonical limit arrives whole.
+    const long = 'y'.repeat(9000);
+    expect(await sh.run(`shopt -q -o emacs && echo readline; echo \${#X}; X=${long}; echo \${#X}`)).toMatchObject({ output: 'readline\n0\n9000\n', exitCode: 0 });
+    await sh.close();
+    const plain = sb.spawn(['true']);
+    await plain.ready;
+    expect(() => terminalChannel(plain)).toThrow(/no terminal yet \(spawn it with the pty option/);
+    await plain.exited;
   });
 
   it('names sessions uniquely, as SWE-ReX (and the server, which uses these) does', async () => {
