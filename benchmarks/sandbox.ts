@@ -2,7 +2,9 @@
  * Persistent sandboxes, measured in one run:
  * - Sandbox.create() + first command done (target: median <= 15 ms);
  * - exec of `true` in a running sandbox (target: median <= 2 ms, and at
- *   least 20x faster than `docker exec` into a running container);
+ *   least 20x faster than `docker exec` into a running container), and of
+ *   /bin/true against the same process spawned from inside the sandbox
+ *   (the floor: what the path from Node adds to a process creation);
  * - a session.run('true') round trip (target: median <= 2 ms);
  * - a 400-byte command and a 25 KB heredoc typed into the session's bash
  *   (--noediting: whole lines from the terminal) against a bash with
@@ -69,6 +71,25 @@ function memAvailable(): number {
   return Number(line!.split(/\s+/)[1]) * 1024;
 }
 
+/** posix_spawn + waitpid of /bin/true, timed inside the sandbox by the host's python3 (median and p95, ms), or why not. */
+async function spawnInside(sb: Sandbox, n: number): Promise<{ median: number; p95: number } | string> {
+  const script = [
+    'import os, time',
+    'xs = []',
+    `for i in range(${n + 10}):`,
+    '    t = time.perf_counter()',
+    "    pid = os.posix_spawn('/bin/true', ['/bin/true'], {})",
+    '    os.waitpid(pid, 0)',
+    '    xs.append((time.perf_counter() - t) * 1000)',
+    'xs = sorted(xs[10:])',
+    'print(xs[len(xs) // 2], xs[int(len(xs) * 0.95)])',
+  ].join('\n');
+  const r = await sb.exec(['/usr/bin/python3', '-c', script]);
+  if (r.exitCode !== 0) return `skipped: python3 in the sandbox exited ${r.exitCode}: ${r.stderr.trim()}`;
+  const [median, p95] = r.stdout.trim().split(' ').map(Number);
+  return { median: median!, p95: p95! };
+}
+
 async function dockerExec(o: Options): Promise<Summary | string> {
   if (!o.docker) return 'skipped (--no-docker)';
   let handle;
@@ -122,6 +143,13 @@ async function main(): Promise<void> {
   const execTrue = summarize(filteredSamples);
   const execNoFilter = summarize(unfilteredSamples);
   await unfiltered.close();
+  // The floor under an exec: the same process started and waited for from
+  // inside the sandbox (posix_spawn in a Python loop), so the difference is
+  // what the path from Node adds (the spawner's request, the monitor's
+  // fork and setns, the status back to Node).
+  log(`exec /bin/true from Node against posix_spawn of it inside the sandbox, ${o.iterations} runs each`);
+  const execBinTrue = summarize(await timeMany(o.iterations, 10, () => sb.exec(['/bin/true'])));
+  const insideSpawn = await spawnInside(sb, o.iterations);
   const session = await sb.shell();
   log(`session.run('true'): ${o.iterations} runs`);
   const sessionTrue = summarize(await timeMany(o.iterations, 10, () => session.run('true')));
@@ -172,6 +200,8 @@ async function main(): Promise<void> {
     create,
     execTrue,
     execNoFilter,
+    execBinTrue,
+    insideSpawn,
     sessionTrue,
     typed: { line400: { session: short, readline: shortReadline }, heredoc25k: { bytes: Buffer.byteLength(heredoc25k), session: long, readline: longReadline } },
     syntaxCheck: { command: AGENT_COMMAND, spawned: checkOld, checker: checkNew, checkerPerStep: checkStep, heredoc100k: { spawned: checkBigOld, checkerPerStep: checkBigNew } },
@@ -198,6 +228,9 @@ async function main(): Promise<void> {
     typeof docker === 'string'
       ? `docker exec: ${docker}`
       : `docker exec median / exec median = ${formatRatio(docker.median / execTrue.median)} (target >= 20): ${verdict(docker.median / execTrue.median >= 20)}`,
+    typeof insideSpawn === 'string'
+      ? `exec /bin/true against a spawn inside: ${insideSpawn}`
+      : `exec /bin/true median ${formatMs(execBinTrue.median)}, posix_spawn + wait of it inside the sandbox ${formatMs(insideSpawn.median)}: the path from Node adds ${formatMs(execBinTrue.median - insideSpawn.median)} (${formatRatio(execBinTrue.median / insideSpawn.median)} the bare process)`,
     `session.run('true') median ${formatMs(sessionTrue.median)} (target <= 2 ms): ${verdict(sessionTrue.median <= 2)}`,
     `typed without readline: 400-byte command ${formatMs(short.median)} against ${formatMs(shortReadline.median)} with readline (${formatRatio(shortReadline.median / short.median)} faster), 25 KB heredoc ${formatMs(long.median)} against ${formatMs(longReadline.median)} (${formatRatio(longReadline.median / long.median)})`,
     `syntax check median: spawned bash -n ${formatMs(checkOld.median)}, checker ${formatMs(checkNew.median)} back to back (${formatRatio(checkOld.median / checkNew.median)} faster), ${formatMs(checkStep.median)} one per step (${formatRatio(checkOld.median / checkStep.median)} faster; target < 1 ms): ${verdict(checkStep.median < 1)}`,
