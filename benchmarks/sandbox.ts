@@ -1,6 +1,7 @@
 /**
  * Persistent sandboxes, measured in one run:
- * - Sandbox.create() + first command done (target: median <= 15 ms);
+ * - Sandbox.create() + first command done (target: median <= 15 ms), and
+ *   its stages as Node sees them (see Stage);
  * - exec of `true` in a running sandbox (target: median <= 2 ms, and at
  *   least 20x faster than `docker exec` into a running container), and of
  *   /bin/true against the same process spawned from inside the sandbox
@@ -22,7 +23,7 @@
 import { readFileSync } from 'node:fs';
 import { cpus, loadavg, release } from 'node:os';
 import { performance } from 'node:perf_hooks';
-import { Sandbox, terminalChannel } from '../lib/index.js';
+import { Sandbox, native, terminalChannel } from '../lib/index.js';
 import { ShellSession } from '../lib/shell/session.js';
 import { checkBashSyntax, spawnBashN } from '../lib/shell/syntax.js';
 import { HOST_IMAGE, dockerCommand, ensureDocker, hostImagePaths, importImage, stopDocker } from './lib/docker.js';
@@ -69,6 +70,38 @@ function pssOf(pid: number): number {
 function memAvailable(): number {
   const line = readFileSync('/proc/meminfo', 'utf8').split('\n').find((l) => l.startsWith('MemAvailable:'));
   return Number(line!.split(/\s+/)[1]) * 1024;
+}
+
+/**
+ * Where a create + first command spends its time, from Node's side:
+ * prepare (options to plan), spawn (the spawner's clone of PID 1 with its
+ * namespaces, synchronous), setup (PID 1's mounts and pivot until the
+ * sandbox is ready), enter (the spawner's fork of the command's monitor,
+ * synchronous), command (setns, the exec, the command, its status back).
+ */
+type Stage = 'prepare' | 'spawn' | 'setup' | 'enter' | 'command';
+
+function markNative(): { clear(): void; get(): Record<'spawn0' | 'spawn1' | 'enter0' | 'enter1', number>; restore(): void } {
+  const at: Record<string, number> = {};
+  const originals = { spawn: native.spawn, enter: native.enter };
+  for (const name of ['spawn', 'enter'] as const) {
+    const orig = originals[name] as (...args: unknown[]) => unknown;
+    (native as unknown as Record<string, unknown>)[name] = (...args: unknown[]) => {
+      at[`${name}0`] = performance.now();
+      try {
+        return orig.apply(native, args);
+      } finally {
+        at[`${name}1`] = performance.now();
+      }
+    };
+  }
+  return {
+    clear: () => {
+      for (const k of Object.keys(at)) delete at[k];
+    },
+    get: () => at as Record<'spawn0' | 'spawn1' | 'enter0' | 'enter1', number>,
+    restore: () => Object.assign(native, originals),
+  };
 }
 
 /** posix_spawn + waitpid of /bin/true, timed inside the sandbox by the host's python3 (median and p95, ms), or why not. */
@@ -124,15 +157,25 @@ async function main(): Promise<void> {
 
   log(`create + first command: ${o.iterations / 4} runs`);
   const createSamples: number[] = [];
+  const stageSamples: Record<Stage, number[]> = { prepare: [], spawn: [], setup: [], enter: [], command: [] };
+  const marks = markNative();
   for (let i = 0; i < o.iterations / 4 + 3; i++) {
+    marks.clear();
     const t = performance.now();
     const sb = await Sandbox.create();
+    const created = performance.now();
     await sb.exec(['true']);
-    const dt = performance.now() - t;
-    if (i >= 3) createSamples.push(dt);
+    const end = performance.now();
+    if (i >= 3) {
+      createSamples.push(end - t);
+      const m = marks.get();
+      for (const [stage, ms] of Object.entries({ prepare: m.spawn0 - t, spawn: m.spawn1 - m.spawn0, setup: created - m.spawn1, enter: m.enter1 - m.enter0, command: end - m.enter1 })) stageSamples[stage as Stage].push(ms);
+    }
     await sb.close();
   }
+  marks.restore();
   const create = summarize(createSamples);
+  const stages = Object.fromEntries(Object.entries(stageSamples).map(([k, v]) => [k, summarize(v)])) as Record<Stage, Summary>;
 
   const sb = await Sandbox.create();
   // What the seccomp filter costs an exec: the same command in a sandbox
@@ -198,6 +241,7 @@ async function main(): Promise<void> {
 
   Object.assign(results, {
     create,
+    createStages: stages,
     execTrue,
     execNoFilter,
     execBinTrue,
@@ -223,6 +267,7 @@ async function main(): Promise<void> {
     formatTable(rows),
     '',
     `create + first command median ${formatMs(create.median)} (target <= 15 ms): ${verdict(create.median <= 15)}`,
+    `  by stage (medians): ${Object.entries(stages).map(([k, v]) => `${k} ${formatMs(v.median)}`).join(', ')}`,
     `exec true median ${formatMs(execTrue.median)} (target <= 2 ms): ${verdict(execTrue.median <= 2)}`,
     `exec median / exec without the seccomp filter median = ${formatRatio(execTrue.median / execNoFilter.median)} (target <= 1.1): ${verdict(execTrue.median / execNoFilter.median <= 1.1)}`,
     typeof docker === 'string'
