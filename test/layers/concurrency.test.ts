@@ -226,6 +226,11 @@ describe('budget: bytes in flight and concurrent unpacks', () => {
         maxBytesSeen = Math.max(maxBytesSeen, inFlightBytes);
         const s = Date.now();
         ticket.progress(b / 2);
+        // Held until a second ticket runs beside it (up to 3 s: a budget that
+        // ran one at a time still shows peak 1), then 40 ms: under load the
+        // next acquire's lock-file work can outlast a short fixed hold.
+        const until = Date.now() + 3000;
+        while (maxSeen < 2 && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
         await new Promise((r) => setTimeout(r, 40));
         ticket.progress(b);
         inFlight--;
