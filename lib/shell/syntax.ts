@@ -29,9 +29,6 @@ const RESERVED = new Set(
   'if then else elif fi case esac for select while until do done in function time coproc { } ! [[ ]]'.split(' '),
 );
 
-/** Checker processes per bash path at most (see Checker.serve). */
-const POOL_SIZE = 2;
-
 /** A check that takes longer than this kills the checker: parsing is never that slow. */
 const CHECK_TIMEOUT_MS = 30_000;
 
@@ -101,8 +98,8 @@ export function spawnBashN(text: Buffer | string, bashPath = 'bash'): Promise<Sy
  * Each request is checked by a subshell forked while the checker is idle
  * (after the previous answer), so neither the fork nor the exit of that
  * subshell (each ~1 ms on a loaded VM) is on the path of a check that comes
- * while the checker is idle, as an agent's next command does. (A check that
- * comes before that goes to a second checker: see Checker.serve.) The
+ * while the checker is idle, as an agent's next command does. (Checks back
+ * to back wait for the previous subshell's exit and the next fork.) The
  * subshell evals CHILD, whose lines run one at a time:
  * - a throwaway parse and run of `:`: the subshell's first writes to memory
  *   it shares with the checker copy pages (copy-on-write faults, slow on a
@@ -196,8 +193,6 @@ class Process {
     private readonly bashPath: string,
     private readonly queue: Job[],
     private readonly onDeath: (p: Process) => void,
-    /** It can take a check: the queue's owner hands out what waits. */
-    private readonly onFree: () => void,
   ) {
     this.doneMarker = `\n__MSCHK_${this.nonce}_done `;
     this.child = spawn(bashPath, ['--norc', '--noprofile', '-O', 'extglob', '-c', CHECKER_SCRIPT, bashPath], {
@@ -227,11 +222,6 @@ class Process {
 
   get pid(): number | undefined {
     return this.child.pid;
-  }
-
-  /** Its probe has been answered: it checks commands now. */
-  get probed(): boolean {
-    return this.sentinel !== null;
   }
 
   /** Takes the next queued check, if the process is free. */
@@ -288,7 +278,7 @@ class Process {
     } else if (!job.settled) {
       this.settle(job, output === this.sentinel);
     }
-    this.onFree();
+    this.pump();
   }
 
   private settle(job: Job, clean: boolean): void {
@@ -370,56 +360,33 @@ function killAtExit(p: Process): void {
   });
 }
 
-/** The checks of one bash path: a FIFO served by up to POOL_SIZE checker processes. */
+/** The checks of one bash path: a FIFO served by one checker process at a time. */
 class Checker {
   private readonly queue: Job[] = [];
-  private readonly processes: Process[] = [];
+  private process: Process | null = null;
 
   constructor(private readonly bashPath: string) {}
 
   get pid(): number | undefined {
-    return this.processes[0]?.pid;
-  }
-
-  get pids(): number[] {
-    return this.processes.flatMap((p) => (p.pid === undefined ? [] : [p.pid]));
+    return this.process?.pid;
   }
 
   parsesCleanly(text: Buffer): Promise<boolean> {
     return new Promise((resolve, reject) => {
       this.queue.push({ text, resolve, reject, settled: false, retried: false });
-      this.serve();
+      this.ensureProcess().pump();
     });
   }
 
-  /**
-   * Hands queued checks to idle processes. A process stays busy after its
-   * answer until its subshell has exited and the next is forked; a check
-   * that finds every process busy starts another, up to POOL_SIZE. So a
-   * lone agent keeps one process, and checks that overlap (many sessions in
-   * one server, or checks back to back) alternate between two, each forking
-   * its next subshell while the other parses.
-   */
-  private serve(): void {
-    if (!this.processes.length) this.start();
-    for (const p of this.processes) p.pump();
-    // A process still answering its probe is not busy with a check: it takes the queue next.
-    if (this.queue.length && this.processes.length < POOL_SIZE && this.processes.every((p) => p.probed)) this.start();
-  }
-
-  private start(): Process {
-    const p = new Process(
-      this.bashPath,
-      this.queue,
-      (dead) => {
-        const at = this.processes.indexOf(dead);
-        if (at >= 0) this.processes.splice(at, 1);
-        if (this.queue.length) this.serve();
-      },
-      () => this.serve(),
-    );
-    this.processes.push(p);
-    return p;
+  private ensureProcess(): Process {
+    if (!this.process || this.process.dead) {
+      this.process = new Process(this.bashPath, this.queue, (p) => {
+        if (this.process !== p) return;
+        this.process = null;
+        if (this.queue.length) this.ensureProcess().pump();
+      });
+    }
+    return this.process;
   }
 }
 
@@ -434,9 +401,4 @@ function checkerFor(bashPath: string): Checker {
 /** The pid of the checker process for a bash path, if one runs (for tests and diagnostics). */
 export function syntaxCheckerPid(bashPath = 'bash'): number | undefined {
   return checkers.get(bashPath)?.pid;
-}
-
-/** The pids of every checker process for a bash path (for tests and diagnostics). */
-export function syntaxCheckerPids(bashPath = 'bash'): number[] {
-  return checkers.get(bashPath)?.pids ?? [];
 }
