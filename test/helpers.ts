@@ -37,6 +37,16 @@ export function ownSandboxInits(): number[] {
   });
 }
 
+/** Whether `pid` runs: a zombie is dead, only its parent's wait is missing. */
+export function isRunning(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z';
+  } catch {
+    return false;
+  }
+}
+
 /** The parent pid of `pid` (from /proc/<pid>/stat); throws if it is gone. */
 export function parentPid(pid: number): number {
   const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');

@@ -208,7 +208,6 @@ class Process {
     this.child.on('error', (e) => this.die(e));
     // On 'exit', not 'close': a subshell it had forked may hold the pipes open.
     this.child.on('exit', (code, signal) => this.die(null, code, signal));
-    killAtExit(this);
     this.child.stdin!.write(`${this.nonce}\n`);
     const probe: Job = {
       text: PROBE,
@@ -302,7 +301,6 @@ class Process {
   private die(error: Error | null, code?: number | null, signal?: NodeJS.Signals | null): void {
     if (this.dead) return;
     this.dead = true;
-    running.delete(this);
     if (this.timer) clearTimeout(this.timer);
     this.kill();
     const job = this.active;
@@ -343,23 +341,6 @@ class Process {
   }
 }
 
-/**
- * The checkers alive, killed when Node exits. Without that, a checker would
- * end only when it reads the end of its stdin, a moment after Node is gone:
- * whoever waited for Node's exit (a test, a supervisor) could still see it.
- */
-const running = new Set<Process>();
-let exitHook = false;
-
-function killAtExit(p: Process): void {
-  running.add(p);
-  if (exitHook) return;
-  exitHook = true;
-  process.once('exit', () => {
-    for (const q of running) q.kill();
-  });
-}
-
 /** The checks of one bash path: a FIFO served by one checker process at a time. */
 class Checker {
   private readonly queue: Job[] = [];
@@ -369,6 +350,10 @@ class Checker {
 
   get pid(): number | undefined {
     return this.process?.pid;
+  }
+
+  kill(): void {
+    this.process?.kill();
   }
 
   parsesCleanly(text: Buffer): Promise<boolean> {
@@ -393,6 +378,10 @@ class Checker {
 const checkers = new Map<string, Checker>();
 
 function checkerFor(bashPath: string): Checker {
+  // Killed when Node exits: a checker would otherwise end only when it
+  // reads the end of its stdin, a moment after Node is gone, and whoever
+  // waited for Node's exit (a test, a supervisor) could still see it.
+  if (!checkers.size) process.once('exit', () => checkers.forEach((c) => c.kill()));
   let c = checkers.get(bashPath);
   if (!c) checkers.set(bashPath, (c = new Checker(bashPath)));
   return c;

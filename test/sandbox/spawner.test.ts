@@ -11,7 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ExecError, NamespaceError, Sandbox, SpawnerError, run } from '../../lib/sandbox/index.js';
 import { native, setSpawnMode, type NativePlan } from '../../lib/native/index.js';
 import { callNative } from '../../lib/sandbox/process.js';
-import { hostPidsMatching, parentPid, tempDir, uniqueSleep, waitFor } from '../helpers.js';
+import { hostPidsMatching, isRunning, parentPid, tempDir, uniqueSleep, waitFor } from '../helpers.js';
 
 let state: ReturnType<typeof tempDir>;
 beforeAll(() => {
@@ -24,16 +24,6 @@ afterAll(() => {
   state.remove();
 });
 const create = (opts: Parameters<typeof Sandbox.create>[0] = {}) => Sandbox.create({ stateDir: state.path, ...opts });
-
-const alive = (pid: number): boolean => {
-  try {
-    // A zombie is dead: only its parent's wait is missing.
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z';
-  } catch {
-    return false;
-  }
-};
 
 /** The spawner, running: its pid once a spawn has started it. */
 async function runningSpawner(): Promise<number> {
@@ -100,9 +90,9 @@ describe('the spawner', () => {
       expect(await waitFor(() => hostPidsMatching(mark).length === 2)).toBe(true);
       const sleeps = hostPidsMatching(mark);
       expect(parentPid(pids.spawner)).toBe(child.pid);
-      for (const pid of [pids.spawner, pids.init, pids.once]) expect(alive(pid)).toBe(true);
+      for (const pid of [pids.spawner, pids.init, pids.once]) expect(isRunning(pid)).toBe(true);
       child.kill('SIGKILL');
-      for (const pid of [pids.spawner, pids.init, pids.once, ...sleeps]) expect(await waitFor(() => !alive(pid), 5000), `pid ${pid}`).toBe(true);
+      for (const pid of [pids.spawner, pids.init, pids.once, ...sleeps]) expect(await waitFor(() => !isRunning(pid), 5000), `pid ${pid}`).toBe(true);
       expect(hostPidsMatching(mark)).toEqual([]);
       // The owner is gone: gc removes what it left (and the afterAll check passes).
       const { collectGarbage } = await import('../../lib/sandbox/index.js');
@@ -117,7 +107,7 @@ describe('the spawner', () => {
     const first = await runningSpawner();
     const { started } = native.spawnerInfo();
     process.kill(first, 'SIGKILL');
-    expect(await waitFor(() => !alive(first))).toBe(true);
+    expect(await waitFor(() => !isRunning(first))).toBe(true);
     const r = await run({ argv: ['/bin/sh', '-c', 'echo again'] });
     expect(r.stdout).toBe('again\n');
     const info = native.spawnerInfo();

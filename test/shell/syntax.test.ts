@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { checkBashSyntax, parsesCleanly, syntaxCheckerPid, type SyntaxCheckResult } from '../../lib/shell/syntax.js';
+import { isRunning, waitFor } from '../helpers.js';
 
 /** A freshly spawned `bash -O extglob -n` on stdin, as the session checked commands before the checker. */
 function bashN(command: string): Promise<SyntaxCheckResult> {
@@ -283,17 +284,9 @@ describe('checker lifecycle', () => {
     expect(r.status, r.stderr).toBe(0);
     const pids = JSON.parse(r.stdout) as number[];
     expect(pids.length, 'the checker and its spare subshell').toBe(2);
-    const running = (p: number) => {
-      try {
-        return !/^\S+ \(.*\) Z/.test(readFileSync(`/proc/${p}/stat`, 'utf8'));
-      } catch {
-        return false;
-      }
-    };
-    const deadline = Date.now() + 2000;
-    while (pids.some(running) && Date.now() < deadline) await new Promise((res) => setTimeout(res, 20));
+    await waitFor(() => !pids.some(isRunning), 2000);
     try {
-      expect(pids.filter(running)).toEqual([]);
+      expect(pids.filter(isRunning)).toEqual([]);
     } finally {
       for (const p of pids) {
         try {
