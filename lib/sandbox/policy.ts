@@ -3,7 +3,7 @@
  * host-binds root contains, what a minimal /dev holds, which /proc paths are
  * hidden. The native side only executes the ops built from these lists.
  */
-import { lstatSync, readFileSync, readlinkSync, statSync } from 'node:fs';
+import { lstatSync, readFileSync, readlinkSync, statSync, watch, type FSWatcher } from 'node:fs';
 import { userInfo } from 'node:os';
 import { native, type NativeOp, type PreparedOps } from '../native/index.js';
 
@@ -202,7 +202,7 @@ export const WORK_DIR = '/work';
  * write into a tmpfs costs a fraction of a mount, and the sandbox then
  * holds (and tears down) far fewer mounts. The copy is private to the
  * sandbox; the host file is never reachable from it. (hostRoot() reads
- * them at most once per HOST_ROOT_TTL_MS.)
+ * them again only when the host changes them.)
  */
 export const COPY_FILES_UP_TO = 256 * 1024;
 
@@ -277,9 +277,10 @@ export function mirrorHostPath(path: string, target = path, range?: IdRange): Na
 export const ROOT_TMPFS: NativeOp = { kind: 'tmpfs', dst: '/', data: `mode=0755,size=${TMPFS_SIZES.root}`, nosuid: true, nodev: true };
 
 /**
- * How long the host root's ops are reused: looking at ~45 host paths, and
- * handing ~50 op objects to the addon, cost more than the rest of a plan. A
- * change under /etc reaches new sandboxes within this time.
+ * How long the host root's ops are reused where the host cannot be watched
+ * (inotify's limits reached): a change under /etc reaches new sandboxes
+ * within this time. Where it can, they are reused until the host changes
+ * one of the paths they mirror (watchHostRoot).
  */
 export const HOST_ROOT_TTL_MS = 1000;
 
@@ -293,11 +294,54 @@ export interface HostRoot {
 /** One cache per id mapping: a root caller's binds are idmapped. */
 const hostRootCache = new Map<string, { root: HostRoot; at: number }>();
 
+/** Watches on / and /etc while they hold; undefined before the first hostRoot(), [] once watching failed. */
+let hostRootWatchers: FSWatcher[] | undefined;
+
+/**
+ * Drops the cached host root whenever an entry it mirrors changes on the
+ * host (written, replaced, removed, created, chmod or chown): inotify
+ * watches on / and /etc, which keep no event loop alive. Looking at ~45
+ * host paths, copying the small files and handing the ops to the addon
+ * cost more than the rest of a plan, so rebuilding them for every sandbox
+ * made a start several milliseconds slower, while the host's /etc changes
+ * rarely. A change reaches the next sandbox as soon as Node's event loop
+ * has seen its event. False when the watches cannot be set (then
+ * HOST_ROOT_TTL_MS applies).
+ */
+function watchHostRoot(): boolean {
+  if (hostRootWatchers) return hostRootWatchers.length > 0;
+  const watched: Array<[string, readonly string[]]> = [
+    ['/', HOST_ROOT_DIRS.map((d) => d.slice(1))],
+    ['/etc', HOST_ETC_ENTRIES],
+  ];
+  const stop = () => {
+    for (const w of hostRootWatchers ?? []) w.close();
+    hostRootWatchers = [];
+    hostRootCache.clear();
+  };
+  hostRootWatchers = [];
+  try {
+    for (const [dir, names] of watched) {
+      const w = watch(dir, { persistent: false }, (_event, name) => {
+        if (name === null || names.includes(String(name))) hostRootCache.clear();
+      });
+      // A watch that fails later (its directory replaced, the queue
+      // overflowing) can no longer vouch for the cache: back to the TTL.
+      w.on('error', stop);
+      hostRootWatchers.push(w);
+    }
+  } catch {
+    stop();
+  }
+  return hostRootWatchers.length > 0;
+}
+
 export function hostRoot(range?: IdRange): HostRoot {
   const now = performance.now();
   const key = range ? `${range.uid}:${range.gid}:${range.count}` : '';
+  const watching = watchHostRoot();
   const cached = hostRootCache.get(key);
-  if (cached && now - cached.at < HOST_ROOT_TTL_MS) return cached.root;
+  if (cached && (watching || now - cached.at < HOST_ROOT_TTL_MS)) return cached.root;
   const ops: NativeOp[] = [ROOT_TMPFS];
   for (const dir of HOST_ROOT_DIRS) ops.push(...mirrorHostPath(dir, dir, range));
   for (const entry of HOST_ETC_ENTRIES) ops.push(...mirrorHostPath(`/etc/${entry}`, `/etc/${entry}`, range));
