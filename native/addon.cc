@@ -170,6 +170,10 @@ struct SpawnerState {
   int sock = -1;
   pid_t pid = -1;
   int started = 0;  // spawners started so far (one, unless they died)
+  // The host root's ops the running spawner keeps (wire.cc): a request with
+  // the same ones names them instead of sending them again. Held here so
+  // that no other prefix can take the same address.
+  std::shared_ptr<const std::vector<MountOp>> spawner_prefix;
 };
 SpawnerState g_spawner;
 
@@ -179,6 +183,7 @@ std::string RetireSpawner() {
   SpawnerState& s = g_spawner;
   if (s.sock >= 0) close(s.sock);
   s.sock = -1;
+  s.spawner_prefix = nullptr;
   std::string how = "gone";
   if (s.pid > 0) {
     // It exits on EOF of its socket; SIGKILL makes sure a stuck one goes too.
@@ -249,7 +254,6 @@ bool CallSpawner(SpawnRequest& rq, SpawnReply& reply) {
   std::lock_guard<std::mutex> lock(s.mu);
   std::string payload;
   std::vector<int> fds;
-  wire::EncodeRequest(rq, payload, fds);
   for (int attempt = 0;; attempt++) {
     if (s.sock >= 0) {
       // Idle, the socket has nothing to say: readable or hung up means the
@@ -258,6 +262,12 @@ bool CallSpawner(SpawnRequest& rq, SpawnReply& reply) {
       if (poll(&p, 1, 0) > 0) RetireSpawner();
     }
     if (s.sock < 0 && !StartSpawner(reply)) return false;
+    // Encoded for this spawner: a new one holds no prefix yet.
+    rq.prefix_cached = rq.plan.prefix_ops && rq.plan.prefix_ops == s.spawner_prefix;
+    payload.clear();
+    fds.clear();
+    wire::EncodeRequest(rq, payload, fds);
+    if (rq.plan.prefix_ops) s.spawner_prefix = rq.plan.prefix_ops;
     if (wire::Send(s.sock, wire::Kind::Spawn, payload, fds)) break;
     int e = errno;
     RetireSpawner();
@@ -283,7 +293,11 @@ bool CallSpawner(SpawnRequest& rq, SpawnReply& reply) {
   // The pidfd is the one fd a reply carries; anything else is closed.
   for (int fd : got)
     if (fd != reply.pidfd) close(fd);
-  return reply.err == 0 && reply.what.empty();
+  bool ok = reply.err == 0 && reply.what.empty();
+  // The spawner drops its prefix after a request it could not read; after
+  // any failure the next request carries it again.
+  if (!ok) s.spawner_prefix = nullptr;
+  return ok;
 }
 
 Napi::Object Result(Napi::Env env, Prepared& p, const SpawnReply& reply, bool via_spawner) {

@@ -26,6 +26,9 @@ struct SpawnRequest {
   int status_write = -1;   // PID 1's (or the monitor's) report of the wait status
   int pty_socket = -1;     // plan.pty: the terminal's master goes out here
   int control_read = -1;   // enter: the monitor's control channel
+  // plan.prefix_ops is the one the spawner got last and keeps: the request
+  // names it instead of carrying it again (see wire.cc).
+  bool prefix_cached = false;
 };
 
 struct SpawnReply {

@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -64,12 +65,30 @@ void Reap() {
   }
 }
 
+// The host root's ops of the last request that carried them; a request
+// with prefix_cached uses them again (the addon keeps the same copy).
+std::shared_ptr<const std::vector<MountOp>> g_prefix;
+
+// Takes the request's prefix from, or into, g_prefix. False when the
+// request names a kept prefix and there is none.
+bool ResolvePrefix(SpawnRequest& rq) {
+  if (!rq.prefix_cached) {
+    if (rq.plan.prefix_ops) g_prefix = rq.plan.prefix_ops;
+    return true;
+  }
+  rq.plan.prefix_ops = g_prefix;
+  return g_prefix != nullptr;
+}
+
 void Handle(int sock, const std::string& payload, std::vector<int>& fds) {
   SpawnRequest rq;
   SpawnReply reply;
   std::string error;
   if (!wire::DecodeRequest(payload, fds, rq, error)) {
     reply.what = error;
+    g_prefix = nullptr;  // the addon resends it after any failed request
+  } else if (!ResolvePrefix(rq)) {
+    reply.what = "the spawn request names a host root the spawner does not hold";
   } else if (CloneSandbox(rq, reply)) {
     int keep = fcntl(rq.status_write, F_DUPFD_CLOEXEC, 0);
     if (keep >= 0) g_status_fds[static_cast<pid_t>(reply.pid)] = keep;

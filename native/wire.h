@@ -21,7 +21,7 @@ namespace msbx::wire {
 constexpr uint32_t kMagic = 0x5842534d;  // "MSBX" little-endian
 // Bumped with any change to the messages: the addon refuses a spawner of
 // another version (a build/ left from other sources), by this number.
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 // The kernel passes at most SCM_MAX_FD (253) fds per message.
 constexpr uint32_t kMaxFds = 253;
 

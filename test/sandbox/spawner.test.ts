@@ -108,6 +108,8 @@ describe('the spawner', () => {
     const { started } = native.spawnerInfo();
     process.kill(first, 'SIGKILL');
     expect(await waitFor(() => !isRunning(first))).toBe(true);
+    // The new spawner has no host root kept yet: this request must carry it
+    // (else it is refused), and /bin/sh comes from it.
     const r = await run({ argv: ['/bin/sh', '-c', 'echo again'] });
     expect(r.stdout).toBe('again\n');
     const info = native.spawnerInfo();
