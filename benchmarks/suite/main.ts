@@ -223,8 +223,11 @@ async function measureWarm(c: Context, out: SetupSample[]): Promise<void> {
         // this one may have left the suite's own Node cold (the docker CLI and
         // extract's tar are forked from it, and after a fork every page Node
         // writes faults once, 5-9 ms of the next start here), which is the
-        // harness's cost, not this method's.
-        if (round > 0) await closeQuietly(await m.start(task.instance_id));
+        // harness's cost, not this method's. Not for extract: its start
+        // unpacks a venv (most of a second), which a few milliseconds do not
+        // change, and an unpack just before would leave the disk busy
+        // writing and removing the first copy.
+        if (round > 0 && m.name !== 'extract') await closeQuietly(await m.start(task.instance_id));
         const t = performance.now();
         const inst = await m.start(task.instance_id);
         const ms = performance.now() - t;

@@ -56,7 +56,7 @@ export function renderReport(r: SuiteResults, charts: string[]): string {
     }),
     ['paper (extract / docker)', '', '~25%', '', ''],
   ]), '');
-  out.push("Warm: everything built and cached; an instance started and `true` run in it, right after an unmeasured start of the same method (the suite's Node forks the docker CLI and tar, which leaves it cold for the next start). Cold: the task's own part built then, its environment already built and shared (a new task of a known environment): docker builds the instance image as SWE-bench does (FROM the env image, the repository cloned at base_commit into /testbed, --no-cache); layers builds the repository layer into an empty store. extract and image build nothing per instance: their warm figure is their cold one.", '');
+  out.push("Warm: everything built and cached; an instance started and `true` run in it, right after an unmeasured start of the same method (the suite's Node forks the docker CLI and tar, which leaves it cold for the next start; not for extract, whose start is an unpack of most of a second that a second unpack just before would slow). Cold: the task's own part built then, its environment already built and shared (a new task of a known environment): docker builds the instance image as SWE-bench does (FROM the env image, the repository cloned at base_commit into /testbed, --no-cache); layers builds the repository layer into an empty store. extract and image build nothing per instance: their warm figure is their cold one.", '');
 
   out.push('## Disk', '');
   const dSet = r.disk.set.docker?.bytes;

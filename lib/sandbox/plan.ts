@@ -60,7 +60,8 @@ function hostPath(option: string, p: unknown, what: string): string {
   if (typeof p !== 'string' || p.length === 0) fail(option, 'must be a non-empty string');
   if (!p.startsWith('/')) fail(option, `${what} '${p}' must be an absolute path`);
   if (!existsSync(p)) fail(option, `${what} ${p} does not exist`);
-  return realpathSync(p);
+  // realpath(3) in one call: the JavaScript realpathSync lstat()s each component from Node.
+  return realpathSync.native(p);
 }
 
 function hostDir(option: string, p: unknown, what: string): string {
