@@ -222,7 +222,7 @@ async function measureWarm(c: Context, out: SetupSample[]): Promise<void> {
         // An unmeasured start of the same method first: the contender before
         // this one may have left the suite's own Node cold (the docker CLI and
         // extract's tar are forked from it, and after a fork every page Node
-        // writes faults once, 5-9 ms of the next start here), which is the
+        // writes faults once, milliseconds of the next start here), which is the
         // harness's cost, not this method's. Not for extract: its start
         // unpacks a venv (most of a second), which a few milliseconds do not
         // change, and an unpack just before would leave the disk busy
