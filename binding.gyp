@@ -20,6 +20,10 @@
     {
       # The spawner (native/spawner.cc): the same child code as the addon,
       # without N-API, in a binary of its own whose clones are cheap.
+      # Linked statically: a clone then maps no shared library and binds no
+      # symbol lazily (each PID 1 and monitor resolved and wrote its own
+      # GOT entries, a copy-on-write fault each), and the binary needs no
+      # particular glibc on the machine it runs on.
       "target_name": "msbx-spawner",
       "type": "executable",
       "sources": [
@@ -32,7 +36,7 @@
         "native/child_init.cc"
       ],
       "cflags_cc": ["-std=c++20", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-O2"],
-      "ldflags": ["-Wl,--gc-sections"]
+      "ldflags": ["-Wl,--gc-sections", "-static"]
     }
   ]
 }

@@ -61,17 +61,22 @@ void Report(Step step, int err, int op, const char* detail, size_t detail_len) {
 
 namespace {
 
-// First steps of every child: forget Node's signal handlers, die with the
-// parent, and wait until the parent has finished its side (id maps).
+// Bit sig-1 set: the clone resets that signal's disposition (see
+// RecordChangedSignals). Signals 1..64.
+uint64_t g_signals_to_reset = ~0ull;
+
+// First steps of every child: forget the parent's signal handlers, die with
+// the parent, and wait until the parent has finished its side (id maps).
 void StartChild(const Plan& plan, const ChildFds& fds) {
   g_err_fd = fds.err_write;
-  // Node's signal handlers were copied by clone(); left in place they would
-  // write into libuv's pipes shared with the parent.
+  // Handlers copied by clone() would run the parent's code here (Node's
+  // write into libuv's pipes shared with the parent), and an ignored signal
+  // would stay ignored across execve().
   struct sigaction dfl;
   memset(&dfl, 0, sizeof dfl);
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < 65; sig++) {
-    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    if (sig == SIGKILL || sig == SIGSTOP || !(g_signals_to_reset & (1ull << (sig - 1)))) continue;
     sigaction(sig, &dfl, nullptr);
   }
   if (plan.die_with_parent && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) Fail(Step::DeathSignal);
@@ -110,6 +115,17 @@ void BringUpLoopback() {
 }  // namespace child
 
 using namespace child;
+
+void RecordChangedSignals() {
+  uint64_t changed = 0;
+  for (int sig = 1; sig < 65; sig++) {
+    struct sigaction now;
+    // A signal the C library reserves for itself fails with EINVAL: reset
+    // it anyway, as before.
+    if (sigaction(sig, nullptr, &now) < 0 || now.sa_handler != SIG_DFL) changed |= 1ull << (sig - 1);
+  }
+  g_signals_to_reset = changed;
+}
 
 [[noreturn]] void RunEnter(const Plan& plan, const ChildFds& fds, int target_pidfd) {
   StartChild(plan, fds);

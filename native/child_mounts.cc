@@ -49,8 +49,11 @@ void Prefix(char* buf, const char* path, size_t n) {
 }
 
 // Opens (O_PATH) the directory `path` inside the root, creating missing
-// components. Components are created one at a time in their already
-// resolved parent, so nothing is ever created outside the root.
+// components. The deepest existing ancestor is found first (most targets
+// miss only their last component), then each missing component is created
+// in its already resolved parent and resolved in turn, so nothing is ever
+// created outside the root. Each syscall here counts: a sandbox's root
+// takes dozens of these.
 int EnsureDir(int rootfd, const char* path, mode_t last_mode) {
   int fd = OpenInRoot(rootfd, path, O_PATH | O_DIRECTORY);
   if (fd >= 0 || errno != ENOENT) return fd;
@@ -61,33 +64,58 @@ int EnsureDir(int rootfd, const char* path, mode_t last_mode) {
     errno = ENAMETOOLONG;
     return -1;
   }
-  int parent = OpenInRoot(rootfd, "/", O_PATH | O_DIRECTORY);
-  if (parent < 0) return -1;
-  size_t i = 0;
-  while (i < len) {
-    while (i < len && path[i] == '/') i++;
-    size_t start = i;
-    while (i < len && path[i] != '/') i++;
-    if (i == start) break;
-    Prefix(buf, path, i);
-    int next = OpenInRoot(rootfd, buf, O_PATH | O_DIRECTORY);
-    if (next < 0 && errno == ENOENT) {
-      char name[NAME_MAX + 1];
-      size_t nlen = i - start;
-      if (nlen > NAME_MAX) {
-        close(parent);
-        errno = ENAMETOOLONG;
-        return -1;
-      }
-      memcpy(name, path + start, nlen);
-      name[nlen] = 0;
-      mode_t mode = i >= len ? last_mode : 0755;
-      if (mkdirat(parent, name, mode) < 0 && errno != EEXIST) {
-        close(parent);
-        return -1;
-      }
-      next = OpenInRoot(rootfd, buf, O_PATH | O_DIRECTORY);
+  memcpy(buf, path, len + 1);
+  while (len > 1 && buf[len - 1] == '/') buf[--len] = 0;
+  // Where each component ends; component k is buf[.., ends[k]).
+  uint16_t ends[PATH_MAX / 2];
+  size_t count = 0;
+  for (size_t i = 0; i < len;) {
+    while (i < len && buf[i] == '/') i++;
+    if (i == len) break;
+    while (i < len && buf[i] != '/') i++;
+    ends[count++] = static_cast<uint16_t>(i);
+  }
+  // The full path is missing: look for its deepest existing ancestor, from
+  // the parent upwards (the root itself at worst). `have` counts the
+  // components of the one `parent` opens.
+  size_t have = count > 0 ? count - 1 : 0;
+  int parent;
+  for (;;) {
+    if (have == 0) {
+      parent = OpenInRoot(rootfd, "/", O_PATH | O_DIRECTORY);
+      break;
     }
+    char saved = buf[ends[have - 1]];
+    buf[ends[have - 1]] = 0;
+    parent = OpenInRoot(rootfd, buf, O_PATH | O_DIRECTORY);
+    buf[ends[have - 1]] = saved;
+    if (parent >= 0 || errno != ENOENT) break;
+    have--;
+  }
+  if (parent < 0) return -1;
+  for (size_t k = have; k < count; k++) {
+    size_t start = k == 0 ? 0 : ends[k - 1];
+    while (buf[start] == '/') start++;
+    char name[NAME_MAX + 1];
+    size_t nlen = ends[k] - start;
+    if (nlen > NAME_MAX) {
+      close(parent);
+      errno = ENAMETOOLONG;
+      return -1;
+    }
+    memcpy(name, buf + start, nlen);
+    name[nlen] = 0;
+    mode_t mode = k + 1 == count ? last_mode : 0755;
+    if (mkdirat(parent, name, mode) < 0 && errno != EEXIST) {
+      close(parent);
+      return -1;
+    }
+    // Resolved again from the root: what now stands there (made by us, or
+    // by whoever won a race) is followed only within the root.
+    char saved = buf[ends[k]];
+    buf[ends[k]] = 0;
+    int next = OpenInRoot(rootfd, buf, O_PATH | O_DIRECTORY);
+    buf[ends[k]] = saved;
     close(parent);
     if (next < 0) return -1;
     parent = next;

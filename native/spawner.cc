@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "child.h"
 #include "spawn.h"
 #include "sys.h"
 #include "wire.h"
@@ -120,6 +121,7 @@ int Main(int argc, char** argv) {
   sys::close_range(kSocketFd + 1, ~0u, 0);
   fcntl(kSocketFd, F_SETFD, FD_CLOEXEC);
   signal(SIGPIPE, SIG_IGN);
+  RecordChangedSignals();
   sigset_t chld;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);
