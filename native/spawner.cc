@@ -19,17 +19,23 @@
 // held by a thread that does not exist here. Its clones run the same
 // RunChild/RunEnter as the addon's (spawn.cc), between clone() and execve()
 // with the same async-signal-safe rules.
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/auxv.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -106,6 +112,74 @@ void Handle(int sock, const std::string& payload, std::vector<int>& fds) {
   if (!sent) _exit(0);  // Node is gone; our children die with us
 }
 
+// The size of a huge page on x86-64 and on arm64 with 4 KiB pages.
+constexpr uintptr_t kHugePage = 2u << 20;
+
+// Whether the 2 MiB at `addr` are backed by a huge page (smaps says so).
+bool IsOneHugePage(uintptr_t addr) {
+  std::ifstream smaps("/proc/self/smaps");
+  bool in = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long lo = 0, hi = 0;
+    if (sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's first line
+      in = lo <= addr && addr < hi;
+      continue;
+    }
+    if (in && line.rfind("AnonHugePages:", 0) == 0) return strtoul(line.c_str() + 14, nullptr, 10) >= kHugePage / 1024;
+  }
+  return false;
+}
+
+// Moves this program's code onto one transparent huge page, where the
+// kernel gives one. Why: every PID 1 and monitor is a clone of this
+// process, and under a hypervisor that shadows page tables (a PVM guest,
+// such as the machines this was measured on) each page a new process
+// touches first costs a fault of ~4 us, while a 2 MiB huge page costs one
+// fault for all of it. A PID 1 runs some 160 pages of this code; a sandbox
+// and its first command started 1.2 ms sooner (of ~18.5) with it.
+// binding.gyp links the code and read-only data, and nothing else, into the
+// first 2 MiB of the address space (-z noseparate-code, -z
+// max-page-size=0x200000); the spawner is static, so that holds all of it.
+//
+// The copy is anonymous memory, written once, then only read and executed
+// (W^X holds); perf and gdb see no file behind it. Where anything fails (no
+// huge page to be had, executable memory refused) the code stays where the
+// loader put it.
+void MapCodeOnHugePage() {
+  std::ifstream hp("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
+  unsigned long pmd = 0;
+  if (!(hp >> pmd) || pmd != kHugePage) return;
+  auto* ph = reinterpret_cast<const ElfW(Phdr)*>(getauxval(AT_PHDR));
+  size_t n = getauxval(AT_PHNUM);
+  uintptr_t start = 0, size = 0;
+  for (size_t i = 0; i < n; i++)
+    if (ph[i].p_type == PT_LOAD && (ph[i].p_flags & PF_X)) start = ph[i].p_vaddr, size = ph[i].p_memsz;
+  if (start == 0 || start % kHugePage != 0 || size > kHugePage) return;
+  for (size_t i = 0; i < n; i++) {
+    bool other = ph[i].p_type == PT_LOAD && !(ph[i].p_flags & PF_X);
+    if (other && ph[i].p_vaddr < start + kHugePage && ph[i].p_vaddr + ph[i].p_memsz > start) return;
+  }
+  // A 2 MiB-aligned 2 MiB of fresh memory, marked for a huge page before
+  // its first touch.
+  void* raw = mmap(nullptr, 2 * kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return;
+  uintptr_t r = reinterpret_cast<uintptr_t>(raw);
+  uintptr_t copy = (r + kHugePage - 1) & ~(kHugePage - 1);
+  if (copy > r) munmap(raw, copy - r);
+  if (copy + kHugePage < r + 2 * kHugePage) munmap(reinterpret_cast<void*>(copy + kHugePage), r + kHugePage - copy);
+  void* dst = reinterpret_cast<void*>(copy);
+  bool ok = madvise(dst, kHugePage, MADV_HUGEPAGE) == 0;
+  if (ok) {
+    memcpy(dst, reinterpret_cast<const void*>(start), size);
+    ok = IsOneHugePage(copy);
+  }
+  // mremap replaces the loader's mapping at once: this very code runs on
+  // from the copy, byte for byte the same.
+  ok = ok && mprotect(dst, kHugePage, PROT_READ | PROT_EXEC) == 0 &&
+       mremap(dst, kHugePage, kHugePage, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(start)) != MAP_FAILED;
+  if (!ok) munmap(dst, kHugePage);
+}
+
 int Main(int argc, char** argv) {
   // `msbx-spawner --version`: the install script's check that this binary
   // runs here at all (its glibc, its architecture) before it is relied on.
@@ -117,6 +191,7 @@ int Main(int argc, char** argv) {
   if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) return 1;
   if (argc < 2 || getppid() != static_cast<pid_t>(strtol(argv[1], nullptr, 10))) return 1;
   prctl(PR_SET_NAME, "msbx-spawner", 0, 0, 0);
+  MapCodeOnHugePage();
   // Nothing of Node's but the socket: fds Node left inheritable stay out.
   sys::close_range(kSocketFd + 1, ~0u, 0);
   fcntl(kSocketFd, F_SETFD, FD_CLOEXEC);

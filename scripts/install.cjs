@@ -72,8 +72,8 @@ function reasonToBuild(root = ROOT, env = process.env) {
   } catch (err) {
     return `the prebuilt ${target} addon does not load here: ${err.message.split('\n')[0]}`;
   }
-  // The spawner is a program of its own: it needs its own check (it links
-  // against a newer glibc symbol than the addon, __libc_start_main@2.34).
+  // The spawner is a program of its own: it needs its own check (linked
+  // statically, it needs no glibc, but it must run on this machine).
   const spawner = prebuildSpawnerFile(root, target);
   const r = spawnSync(spawner, ['--version'], { encoding: 'utf8' });
   if (r.error?.code === 'EACCES') fs.chmodSync(spawner, 0o755);

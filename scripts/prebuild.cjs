@@ -80,7 +80,8 @@ function buildTarget(arch, scratch) {
   const file = path.join(scratch, 'build', 'Release', 'minisandbox.node');
   const spawner = path.join(scratch, 'build', 'Release', 'msbx-spawner');
   const glibc = checkElf(arch, file);
-  const spawnerGlibc = checkElf(arch, spawner);
+  checkElf(arch, spawner);
+  checkStatic(arch, spawner);
   if (arch === process.arch) {
     const addon = require(file);
     if (typeof addon.spawn !== 'function' || !(addon.syscalls?.openat > 0)) throw new Error(`the ${arch} build loads but lacks spawn or its syscall table`);
@@ -96,9 +97,18 @@ function buildTarget(arch, scratch) {
       glibc,
       compiler: tools.compiler,
       // The spawner (native/spawner.cc), shipped beside the addon it serves.
-      spawner: { sha256: createHash('sha256').update(spawnerData).digest('hex'), bytes: spawnerData.length, glibc: spawnerGlibc },
+      spawner: { sha256: createHash('sha256').update(spawnerData).digest('hex'), bytes: spawnerData.length, linkage: 'static' },
     },
   };
+}
+
+/**
+ * Checks that the spawner is linked statically (binding.gyp says why): no
+ * program interpreter, no dynamic section, so it loads no libc.so.6 at all.
+ */
+function checkStatic(arch, file) {
+  const headers = run('readelf', ['-l', '-d', '--wide', file]);
+  if (/Requesting program interpreter|NEEDED/.test(headers)) throw new Error(`the ${arch} build of ${path.basename(file)} is linked dynamically; binding.gyp links it statically`);
 }
 
 /** Checks a built binary's ELF machine and glibc needs; returns the newest GLIBC version it needs. */
@@ -146,4 +156,4 @@ if (require.main === module) {
   }
 }
 
-module.exports = { buildTarget, maxGlibc, MAX_GLIBC, ELF_MACHINE };
+module.exports = { buildTarget, checkStatic, maxGlibc, MAX_GLIBC, ELF_MACHINE };
