@@ -28,6 +28,7 @@ import { TESTBED } from '../../lib/swe/pipeline/types.js';
 import { buildDemoWorkload, defaultCacheDir, imageTag } from './demoWorkload.js';
 import { docker, findDocker, imageSize, killDockerClis, removeSuiteContainers, SUITE_NAME, type DockerCli } from './dockerCli.js';
 import { dockerMethod, extractMethod, imageMethod, layerArchive, layersMethod, liveInstances, METHODS, taskLayers, type Instance, type Method, type MethodName, type TaskLayers } from './methods.js';
+import { settle } from './quiet.js';
 import { barsText, writeResults } from './report.js';
 import { judgeBars, spread, type DiskFigures, type LatencySamples, type Machine, type RolloutSample, type ScalingSample, type SetupSample, type SuiteResults } from './results.js';
 import type { BuildWorkloadOptions, Workload } from './workload-types.js';
@@ -216,6 +217,8 @@ async function closeQuietly(inst: Instance | undefined): Promise<number> {
 async function measureWarm(c: Context, out: SetupSample[]): Promise<void> {
   const methods = [...c.methods.values()];
   for (let round = 0; round <= c.o.repeat; round++) {
+    let settled = 0;
+    let noisy = 0;
     for (const task of c.tasks) {
       for (const m of abba(methods, round)) {
         c.signal.throwIfAborted();
@@ -228,6 +231,14 @@ async function measureWarm(c: Context, out: SetupSample[]): Promise<void> {
         // change, and an unpack just before would leave the disk busy
         // writing and removing the first copy.
         if (round > 0 && m.name !== 'extract') await closeQuietly(await m.start(task.instance_id));
+        // And on a quiet machine: what the instance closed before left running
+        // (Docker's teardown goes on after `docker rm` returns) is not this
+        // start's cost. See quiet.ts.
+        if (round > 0) {
+          const q = await settle();
+          settled += q.waitedMs;
+          if (!q.quiet) noisy++;
+        }
         const t = performance.now();
         const inst = await m.start(task.instance_id);
         const ms = performance.now() - t;
@@ -236,7 +247,7 @@ async function measureWarm(c: Context, out: SetupSample[]): Promise<void> {
         if (round > 0) out.push({ method: m.name, kind: 'warm', task: task.instance_id, ms });
       }
     }
-    log(`warm setup: round ${round}/${c.o.repeat} done`);
+    log(`warm setup: round ${round}/${c.o.repeat} done${round > 0 ? ` (waited ${formatMs(settled)} in all for a quiet machine${noisy ? `, ${noisy} starts without one` : ''})` : ''}`);
   }
 }
 

@@ -12,6 +12,7 @@ import { findPython } from '../../lib/env/python.js';
 import { removeTree } from '../../lib/files/fsTree.js';
 import { renderCharts } from '../../benchmarks/suite/charts.js';
 import { parseOptions, parseTimed, rolloutSteps, runSuite, timed } from '../../benchmarks/suite/main.js';
+import { cpuTimes, settle } from '../../benchmarks/suite/quiet.js';
 import { renderReport, writeResults } from '../../benchmarks/suite/report.js';
 import { judgeBars, scalingRows, setupSpread, type SuiteResults } from '../../benchmarks/suite/results.js';
 
@@ -123,6 +124,29 @@ describe('benchmark suite helpers', () => {
     expect(t.innerMs).toBeGreaterThan(190);
     expect(t.innerMs).toBeLessThan(2000);
     expect(parseTimed('no marker')).toBeUndefined();
+  });
+
+  it('reads busy and total CPU time from /proc/stat, iowait counted busy', () => {
+    const stat = 'cpu  100 5 50 1000 20 3 2 7 40 0\ncpu0 50 2 25 500 10 1 1 3 20 0\nintr 1 2\n';
+    // user nice system idle iowait irq softirq steal: guest (40) is inside user already.
+    expect(cpuTimes(stat)).toEqual({ busy: 187, total: 1187 });
+    expect(() => cpuTimes('intr 1\n')).toThrow(/no "cpu " line/);
+    const now = cpuTimes(readFileSync('/proc/stat', 'utf8'));
+    expect(now.total).toBeGreaterThan(now.busy);
+  });
+
+  it('waits for a quiet machine, and gives up on a busy one', async () => {
+    // Both CPUs kept busy by two spinning processes: never quiet.
+    const spinners = [0, 1].map(() => spawn('sh', ['-c', 'while :; do :; done']));
+    try {
+      await new Promise((r) => setTimeout(r, 100));
+      const q = await settle({ threshold: 0.3, windowMs: 50, maxMs: 400 });
+      expect(q.quiet).toBe(false);
+      expect(q.waitedMs).toBeGreaterThanOrEqual(400);
+      expect(q.waitedMs).toBeLessThan(2000);
+    } finally {
+      for (const s of spinners) s.kill('SIGKILL');
+    }
   });
 
   it('makes 30 agent steps', () => {
