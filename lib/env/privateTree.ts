@@ -6,9 +6,8 @@
  * state dir, named `sbx-…` with an owner record, so the sandbox module's
  * garbage collection removes it if this process dies before close().
  */
-import { randomBytes } from 'node:crypto';
 import { removeTree } from '../files/fsTree.js';
-import { createPrivateDir, defaultStateDir, ensureStateDir } from '../sandbox/state.js';
+import { createPrivateDir, defaultStateDir, ensureStateDir, randomHex12 } from '../sandbox/state.js';
 
 export interface PrivateTree {
   dir: string;
@@ -18,6 +17,6 @@ export interface PrivateTree {
 export function createPrivateTree(stateDir: string | undefined): PrivateTree {
   const root = stateDir ?? defaultStateDir();
   ensureStateDir(root);
-  const dir = createPrivateDir(root, `sbx-env${randomBytes(6).toString('hex')}`);
+  const dir = createPrivateDir(root, `sbx-env${randomHex12()}`);
   return { dir, remove: () => removeTree(dir) };
 }

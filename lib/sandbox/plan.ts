@@ -59,9 +59,16 @@ export function checkSandboxPath(option: string, p: unknown): string {
 function hostPath(option: string, p: unknown, what: string): string {
   if (typeof p !== 'string' || p.length === 0) fail(option, 'must be a non-empty string');
   if (!p.startsWith('/')) fail(option, `${what} '${p}' must be an absolute path`);
-  if (!existsSync(p)) fail(option, `${what} ${p} does not exist`);
-  // realpath(3) in one call: the JavaScript realpathSync lstat()s each component from Node.
-  return realpathSync.native(p);
+  // realpath(3) in one call (the JavaScript realpathSync lstat()s each
+  // component from Node), whose error also says whether the path exists.
+  try {
+    return realpathSync.native(p);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT' || code === 'ENOTDIR') fail(option, `${what} ${p} does not exist`);
+    if (code === 'ELOOP') fail(option, `${what} ${p} does not exist (a loop of symlinks)`);
+    fail(option, `${what} ${p} cannot be resolved: ${(err as Error).message}`);
+  }
 }
 
 function hostDir(option: string, p: unknown, what: string): string {

@@ -6,7 +6,7 @@
  * crosses into another filesystem: whatever a sandbox planted in its
  * directory, only that directory is deleted.
  */
-import { randomBytes } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import { chmodSync, lstatSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -68,7 +68,17 @@ export function ensureStateDir(dir: string): void {
 }
 
 export function newSandboxId(): string {
-  return `sbx-${randomBytes(6).toString('hex')}`;
+  return `sbx-${randomHex12()}`;
+}
+
+/**
+ * 48 random bits as 12 hex digits, for names of private directories. From
+ * randomUUID(), which draws on a cached pool: randomBytes(6) asked the
+ * system's generator each time (~50 us, a measurable part of a start).
+ */
+export function randomHex12(): string {
+  const u = randomUUID(); // xxxxxxxx-xxxx-4xxx-...: the first 12 hex digits are all random
+  return u.slice(0, 8) + u.slice(9, 13);
 }
 
 /** Makes <stateDir>/<id> (0700) with our ownership record in it. */
