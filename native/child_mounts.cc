@@ -48,6 +48,16 @@ void Prefix(char* buf, const char* path, size_t n) {
   buf[n] = 0;
 }
 
+// Opens (O_PATH) the directory `buf` names up to byte `end` inside the
+// root: the string is cut there for the call and restored after.
+int OpenDirPrefix(int rootfd, char* buf, size_t end) {
+  char saved = buf[end];
+  buf[end] = 0;
+  int fd = OpenInRoot(rootfd, buf, O_PATH | O_DIRECTORY);
+  buf[end] = saved;
+  return fd;
+}
+
 // Opens (O_PATH) the directory `path` inside the root, creating missing
 // components. The deepest existing ancestor is found first (most targets
 // miss only their last component), then each missing component is created
@@ -85,10 +95,7 @@ int EnsureDir(int rootfd, const char* path, mode_t last_mode) {
       parent = OpenInRoot(rootfd, "/", O_PATH | O_DIRECTORY);
       break;
     }
-    char saved = buf[ends[have - 1]];
-    buf[ends[have - 1]] = 0;
-    parent = OpenInRoot(rootfd, buf, O_PATH | O_DIRECTORY);
-    buf[ends[have - 1]] = saved;
+    parent = OpenDirPrefix(rootfd, buf, ends[have - 1]);
     if (parent >= 0 || errno != ENOENT) break;
     have--;
   }
@@ -112,10 +119,7 @@ int EnsureDir(int rootfd, const char* path, mode_t last_mode) {
     }
     // Resolved again from the root: what now stands there (made by us, or
     // by whoever won a race) is followed only within the root.
-    char saved = buf[ends[k]];
-    buf[ends[k]] = 0;
-    int next = OpenInRoot(rootfd, buf, O_PATH | O_DIRECTORY);
-    buf[ends[k]] = saved;
+    int next = OpenDirPrefix(rootfd, buf, ends[k]);
     close(parent);
     if (next < 0) return -1;
     parent = next;
@@ -408,9 +412,46 @@ void DoOverlay(const MountOp& m, int op, int rootfd, int oldrootfd) {
   close(target);
 }
 
+// The directory the last file or symlink op went into, kept open for the
+// next one: a host root writes some thirty files into /etc in a row, and
+// each reuse saves a lookup and a close. Forgotten before any other op:
+// a mount on that directory would hide whatever went in through this fd.
+struct {
+  char path[PATH_MAX];
+  size_t len = 0;
+  int fd = -1;
+} g_parent;
+
+void ForgetParent() {
+  if (g_parent.fd >= 0) close(g_parent.fd);
+  g_parent.fd = -1;
+}
+
+// ParentOf, through g_parent: the fd stays ours (callers do not close it).
+int CachedParentOf(int rootfd, const char* path, char* name_out) {
+  size_t len = Len(path);
+  size_t dir_len = len;
+  while (dir_len > 0 && path[dir_len - 1] != '/') dir_len--;
+  if (g_parent.fd >= 0 && dir_len == g_parent.len && memcmp(path, g_parent.path, dir_len) == 0 &&
+      len - dir_len <= NAME_MAX && len > dir_len) {
+    Prefix(name_out, path + dir_len, len - dir_len);
+    return g_parent.fd;
+  }
+  ForgetParent();
+  int fd = ParentOf(rootfd, path, name_out);
+  if (fd < 0 || dir_len >= sizeof g_parent.path) return fd;
+  Prefix(g_parent.path, path, dir_len);
+  g_parent.len = dir_len;
+  g_parent.fd = fd;
+  return fd;
+}
+
+// The umask this process creates files with (SetUpFilesystem reads it).
+mode_t g_umask = 022;
+
 void DoSymlink(const MountOp& m, int op, int rootfd) {
   char name[NAME_MAX + 1];
-  int parent = ParentOf(rootfd, m.dst.c_str(), name);
+  int parent = CachedParentOf(rootfd, m.dst.c_str(), name);
   if (parent < 0) Fail(Step::OpTarget, op);
   if (symlinkat(m.src.c_str(), parent, name) < 0) {
     // An identical link already there (e.g. from a bound tree) is fine.
@@ -421,14 +462,18 @@ void DoSymlink(const MountOp& m, int op, int rootfd) {
       Fail(Step::OpSymlink, op);
     }
   }
-  close(parent);
 }
 
 void DoWriteFile(const MountOp& m, int op, int rootfd) {
   char name[NAME_MAX + 1];
-  int parent = ParentOf(rootfd, m.dst.c_str(), name);
+  int parent = CachedParentOf(rootfd, m.dst.c_str(), name);
   if (parent < 0) Fail(Step::OpTarget, op);
-  int fd = openat(parent, name, O_CREAT | O_TRUNC | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, m.mode);
+  int fd = openat(parent, name, O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, m.mode);
+  // A file made just now has its mode, unless the umask took some of it
+  // (or the mode has bits beyond the permissions); one already there
+  // keeps its own until the fchmod() below.
+  bool exact_mode = fd >= 0 && (m.mode & ~0777u) == 0 && (m.mode & g_umask) == 0;
+  if (fd < 0 && errno == EEXIST) fd = openat(parent, name, O_TRUNC | O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) Fail(Step::OpWriteFile, op);
   const char* p = m.data.data();
   size_t left = m.data.size();
@@ -441,9 +486,8 @@ void DoWriteFile(const MountOp& m, int op, int rootfd) {
     p += n;
     left -= static_cast<size_t>(n);
   }
-  if (fchmod(fd, m.mode) < 0) Fail(Step::OpWriteFile, op);
+  if (!exact_mode && fchmod(fd, m.mode) < 0) Fail(Step::OpWriteFile, op);
   close(fd);
-  close(parent);
 }
 
 void DoMkdir(const MountOp& m, int op, int rootfd) {
@@ -493,6 +537,7 @@ void DoMaskDir(const MountOp& m, int op, int rootfd) {
 }
 
 void RunOp(const MountOp& m, int op, int rootfd, int oldrootfd) {
+  if (m.kind != OpKind::Symlink && m.kind != OpKind::WriteFile) ForgetParent();
   switch (m.kind) {
     case OpKind::Bind: DoBind(m, op, rootfd, oldrootfd); break;
     case OpKind::Tmpfs: DoNewFs("tmpfs", m, op, rootfd); break;
@@ -515,6 +560,8 @@ void RunOp(const MountOp& m, int op, int rootfd, int oldrootfd) {
 void SetUpFilesystem(const Plan& plan) {
   g_source_fds = &plan.source_fds;
   g_source_cursor = 0;
+  g_umask = umask(0);
+  umask(g_umask);
 
   // Slave, not shared: host mount events still reach us, but nothing we
   // mount or unmount can propagate back to the host.
@@ -555,6 +602,7 @@ void SetUpFilesystem(const Plan& plan) {
       rootfd = -1;
     }
   }
+  ForgetParent();
   if (rootfd >= 0) close(rootfd);
   close(oldrootfd);
 

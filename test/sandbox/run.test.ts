@@ -92,6 +92,28 @@ describe('run', () => {
     expect(lines.slice(2)).toEqual(['hi', '/usr/bin', 'dir']);
   });
 
+  it('gives files their exact modes, and files after a mount on their directory land on that mount', async () => {
+    // Files and symlinks in one directory in a row reuse that directory's
+    // fd; a mount on it in between must not leave later files under it.
+    const r = await run({
+      argv: ['sh', '-c', 'cd /d && stat -c "%n %a" a b c s e; readlink l; echo $(ls -A /d); stat -c "%a" /etc/hostname; cat /etc/hostname'],
+      mounts: [
+        { type: 'file', target: '/d/hidden', content: 'under\n' },
+        { type: 'tmpfs', target: '/d' },
+        { type: 'file', target: '/d/a', content: 'a', mode: 0o600 },
+        { type: 'file', target: '/d/b', content: 'b', mode: 0o666 },
+        { type: 'file', target: '/d/c', content: 'c', mode: 0o755 },
+        { type: 'symlink', target: '/d/l', linkTo: 'a' },
+        { type: 'file', target: '/d/s', content: 's', mode: 0o4755 },
+        { type: 'file', target: '/d/e', content: '', mode: 0o640 },
+        // Over a file the host root already wrote: its mode changes too.
+        { type: 'file', target: '/etc/hostname', content: 'over\n', mode: 0o600 },
+      ],
+    });
+    expect(r.stderr).toBe('');
+    expect(r.stdout.split('\n')).toEqual(['a 600', 'b 666', 'c 755', 's 4755', 'e 640', 'a', 'a b c e l s', '600', 'over', '']);
+  });
+
   it('mounts an overlay whose writes land in the upper dir only', async () => {
     const dir = tempDir();
     try {
