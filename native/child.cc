@@ -66,7 +66,8 @@ namespace {
 uint64_t g_signals_to_reset = ~0ull;
 
 // First steps of every child: forget the parent's signal handlers, die with
-// the parent, and wait until the parent has finished its side (id maps).
+// the parent, wait until the parent has finished its side (id maps), and
+// tell it we run (see WaitUntilStarted in spawn.cc).
 void StartChild(const Plan& plan, const ChildFds& fds) {
   g_err_fd = fds.err_write;
   // Handlers copied by clone() would run the parent's code here (Node's
@@ -87,6 +88,10 @@ void StartChild(const Plan& plan, const ChildFds& fds) {
   do got = read(fds.sync_read, &go, 1); while (got < 0 && errno == EINTR);
   if (got != 1) _exit(127);  // the parent gave up (or died) before releasing us
   close(fds.sync_read);
+  char started = 1;
+  ssize_t unused = write(fds.started_write, &started, 1);
+  (void)unused;  // the parent reads EOF as well once this end is closed
+  close(fds.started_write);
 }
 
 // Takes the sandbox's own root ids (plan.init_ids), once the maps are

@@ -74,6 +74,7 @@ static_assert(sizeof(ErrorRecord) == 256, "ErrorRecord layout is part of the JS 
 struct ChildFds {
   int sync_read;     // parent writes one byte once uid/gid maps are in place
   int sync_write;    // the parent's end; the child closes its copy
+  int started_write; // the child writes one byte here once it runs (StartChild)
   int err_write;     // ErrorRecord channel; EOF at the parent means exec happened
   int status_write;  // PID 1 writes the main process's wait status here
   int pty_socket;    // plan.pty: the pty master is sent to the parent here

@@ -297,6 +297,23 @@ bool ReleaseChild(const Plan& plan, int sync_write, pid_t pid, int pidfd, bool w
   return true;
 }
 
+// Returns once the child has run its first steps (StartChild), or died.
+// Why: on a VM that shadows page tables a new process takes long to run
+// at all (a fork's first instruction comes a good part of a millisecond
+// later), and the scheduler queues it behind its parent, on the parent's
+// CPU. Everything that follows here (the reply, then Node's own
+// bookkeeping) can wait; the child's setup or command cannot, and it is
+// what the caller waits for in the end. The suite's warm start showed it
+// (benchmarks/suite). `write_end` is our copy of the child's end: closed
+// first, so that a child that dies unstarted ends the wait with EOF.
+void WaitUntilStarted(int read_end, int write_end) {
+  close(write_end);
+  char c;
+  while (read(read_end, &c, 1) < 0 && errno == EINTR) {
+  }
+  close(read_end);
+}
+
 long Clone(uint64_t flags, int* pidfd) {
   struct clone_args args;
   memset(&args, 0, sizeof args);
@@ -333,16 +350,17 @@ bool CloneSandbox(SpawnRequest& rq, SpawnReply& reply) {
   if (!rq.enter && !CloneSourcesInParent(plan, child_only, reply)) return false;
   Stack stack;
   if (!stack.base) return Fail(reply, "mmap of the child's stack", errno);
-  int sync[2];
+  int sync[2], started[2];
   if (pipe2(sync, O_CLOEXEC) < 0) return Fail(reply, "pipe2", errno);
   FdSet sync_fds;
   sync_fds.Add(sync[0]);
   sync_fds.Add(sync[1]);
+  if (pipe2(started, O_CLOEXEC) < 0) return Fail(reply, "pipe2", errno);
 
   // The mount namespace always: ReadPlan refuses a plan without it. A
   // command entering a sandbox joins its namespaces with setns() instead.
   uint64_t flags = rq.enter ? 0 : NamespaceCloneFlags(plan.namespaces) | CLONE_NEWNS;
-  ChildFds cfds{sync[0], sync[1], rq.err_write, rq.status_write, rq.pty_socket, rq.control_read, OwnerPidfd(), stack.top()};
+  ChildFds cfds{sync[0], sync[1], started[1], rq.err_write, rq.status_write, rq.pty_socket, rq.control_read, OwnerPidfd(), stack.top()};
   int pidfd = -1;
   // Every signal stays blocked across clone() so none is delivered to the
   // child through the parent's handlers before it resets them; the child
@@ -358,9 +376,14 @@ bool CloneSandbox(SpawnRequest& rq, SpawnReply& reply) {
   int clone_err = errno;
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (pid < 0) {
+    close(started[0]);
+    close(started[1]);
     return Fail(reply, rq.enter ? "clone3" : "clone3 (creating the sandbox's namespaces)" + CloneHint(clone_err), clone_err);
   }
-  if (!ReleaseChild(plan, sync[1], static_cast<pid_t>(pid), pidfd, !rq.enter, reply)) {
+  bool released = ReleaseChild(plan, sync[1], static_cast<pid_t>(pid), pidfd, !rq.enter, reply);
+  // A child not released has been killed and reaped: EOF at once.
+  WaitUntilStarted(started[0], started[1]);
+  if (!released) {
     close(pidfd);
     return false;
   }
