@@ -167,11 +167,11 @@ void Visit(V& v, SpawnRequest& rq) {
   v.Str(p.hostname);
   v.Bool(p.pivot);
   v.Bool(p.root_readonly);
-  // The shared prefix (the host root's ops, with its copies of /etc files:
-  // some 160 KiB) travels only when it is not the one the spawner kept from
-  // the request before: sending, decoding and freeing it again took about
-  // 2 ms of every spawn on a PVM guest. The decoder leaves a cached prefix unset;
-  // the spawner fills it in.
+  // The shared prefix (the host root's ops, with its copies of /etc files,
+  // the bulk of a request) travels only when it is not the one the spawner
+  // kept from the request before: sending, decoding and freeing it again
+  // made every spawn pay for the whole host root. The decoder leaves a
+  // cached prefix unset; the spawner fills it in.
   bool has_prefix = p.prefix_ops != nullptr || rq.prefix_cached;
   v.Bool(has_prefix);
   if (has_prefix) v.Bool(rq.prefix_cached);
