@@ -127,8 +127,9 @@ int EnsureDir(int rootfd, const char* path, mode_t last_mode) {
   return parent;
 }
 
-// Splits "/a/b/c" into an O_PATH fd of "/a/b" (created if missing) and "c".
-int ParentOf(int rootfd, const char* path, char* name_out) {
+// Splits "/a/b/c": "c" into name_out; returns the length of "/a/b/", the
+// directory part (-1 with errno for an empty or too long last name).
+ssize_t SplitName(const char* path, char* name_out) {
   size_t len = Len(path);
   size_t slash = len;
   while (slash > 0 && path[slash - 1] != '/') slash--;
@@ -137,19 +138,30 @@ int ParentOf(int rootfd, const char* path, char* name_out) {
     errno = nlen == 0 ? EINVAL : ENAMETOOLONG;
     return -1;
   }
-  memcpy(name_out, path + slash, nlen);
-  name_out[nlen] = 0;
+  Prefix(name_out, path + slash, nlen);
+  return static_cast<ssize_t>(slash);
+}
+
+// An O_PATH fd of the directory part of `path` (its first `dir_len`
+// bytes, "/" if that is all), created if missing.
+int OpenDirPart(int rootfd, const char* path, size_t dir_len) {
   char dir[PATH_MAX];
-  if (slash >= sizeof dir) {
+  if (dir_len >= sizeof dir) {
     errno = ENAMETOOLONG;
     return -1;
   }
-  Prefix(dir, path, slash == 0 ? 0 : slash);
-  if (slash <= 1) {
+  Prefix(dir, path, dir_len);
+  if (dir_len <= 1) {
     dir[0] = '/';
     dir[1] = 0;
   }
   return EnsureDir(rootfd, dir, 0755);
+}
+
+// Splits "/a/b/c" into an O_PATH fd of "/a/b" (created if missing) and "c".
+int ParentOf(int rootfd, const char* path, char* name_out) {
+  ssize_t dir_len = SplitName(path, name_out);
+  return dir_len < 0 ? -1 : OpenDirPart(rootfd, path, static_cast<size_t>(dir_len));
 }
 
 // Opens (O_PATH) a non-directory target for a file bind, creating an empty
@@ -429,16 +441,12 @@ void ForgetParent() {
 
 // ParentOf, through g_parent: the fd stays ours (callers do not close it).
 int CachedParentOf(int rootfd, const char* path, char* name_out) {
-  size_t len = Len(path);
-  size_t dir_len = len;
-  while (dir_len > 0 && path[dir_len - 1] != '/') dir_len--;
-  if (g_parent.fd >= 0 && dir_len == g_parent.len && memcmp(path, g_parent.path, dir_len) == 0 &&
-      len - dir_len <= NAME_MAX && len > dir_len) {
-    Prefix(name_out, path + dir_len, len - dir_len);
-    return g_parent.fd;
-  }
+  ssize_t split = SplitName(path, name_out);
+  if (split < 0) return -1;
+  size_t dir_len = static_cast<size_t>(split);
+  if (g_parent.fd >= 0 && dir_len == g_parent.len && memcmp(path, g_parent.path, dir_len) == 0) return g_parent.fd;
   ForgetParent();
-  int fd = ParentOf(rootfd, path, name_out);
+  int fd = OpenDirPart(rootfd, path, dir_len);
   if (fd < 0 || dir_len >= sizeof g_parent.path) return fd;
   Prefix(g_parent.path, path, dir_len);
   g_parent.len = dir_len;

@@ -303,9 +303,10 @@ bool ReleaseChild(const Plan& plan, int sync_write, pid_t pid, int pidfd, bool w
 // later), and the scheduler queues it behind its parent, on the parent's
 // CPU. Everything that follows here (the reply, then Node's own
 // bookkeeping) can wait; the child's setup or command cannot, and it is
-// what the caller waits for in the end. The suite's warm start showed it
-// (benchmarks/suite). `write_end` is our copy of the child's end: closed
-// first, so that a child that dies unstarted ends the wait with EOF.
+// what the caller waits for in the end. The suite's warm start
+// (benchmarks/suite) is where it shows. `write_end` is our copy of the
+// child's end: closed first, so that a child that dies unstarted ends the
+// wait with EOF.
 void WaitUntilStarted(int read_end, int write_end) {
   close(write_end);
   char c;
