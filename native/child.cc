@@ -67,7 +67,7 @@ uint64_t g_signals_to_reset = ~0ull;
 
 // First steps of every child: forget the parent's signal handlers, die with
 // the parent, wait until the parent has finished its side (id maps), and
-// tell it we run (see WaitUntilStarted in spawn.cc).
+// tell it we run (see WaitUntilStarted and HandOffSandbox in spawn.cc).
 void StartChild(const Plan& plan, const ChildFds& fds) {
   g_err_fd = fds.err_write;
   // Handlers copied by clone() would run the parent's code here (Node's
@@ -82,12 +82,15 @@ void StartChild(const Plan& plan, const ChildFds& fds) {
   }
   if (plan.die_with_parent && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) Fail(Step::DeathSignal);
 
-  close(fds.sync_write);
-  char go = 0;
-  ssize_t got;
-  do got = read(fds.sync_read, &go, 1); while (got < 0 && errno == EINTR);
-  if (got != 1) _exit(127);  // the parent gave up (or died) before releasing us
-  close(fds.sync_read);
+  // A pooled child (spawner.cc) has no sync pipe: its request released it.
+  if (fds.sync_read >= 0) {
+    close(fds.sync_write);
+    char go = 0;
+    ssize_t got;
+    do got = read(fds.sync_read, &go, 1); while (got < 0 && errno == EINTR);
+    if (got != 1) _exit(127);  // the parent gave up (or died) before releasing us
+    close(fds.sync_read);
+  }
   char started = 1;
   ssize_t unused = write(fds.started_write, &started, 1);
   (void)unused;  // the parent reads EOF as well once this end is closed

@@ -72,7 +72,7 @@ static_assert(sizeof(ErrorRecord) == 256, "ErrorRecord layout is part of the JS 
 
 // File descriptors the child inherits, all opened O_CLOEXEC by the parent.
 struct ChildFds {
-  int sync_read;     // parent writes one byte once uid/gid maps are in place
+  int sync_read;     // parent writes one byte once uid/gid maps are in place (-1: a pooled child)
   int sync_write;    // the parent's end; the child closes its copy
   int started_write; // the child writes one byte here once it runs (StartChild)
   int err_write;     // ErrorRecord channel; EOF at the parent means exec happened

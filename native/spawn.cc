@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 
 #include "child.h"
 #include "sys.h"
+#include "wire.h"
 
 namespace msbx {
 
@@ -98,13 +100,16 @@ struct Stack {
   char* top() const { return base + kChildStackSize; }
 };
 
-// This process's own pidfd, inherited by every child: polled after a
-// credential change to learn whether its parent (Node, or the spawner)
-// died meanwhile (see DieWithParent).
+}  // namespace
+
+// Polled by every child after a credential change to learn whether its
+// parent (Node, or the spawner) died meanwhile (see DieWithParent).
 int OwnerPidfd() {
   static int fd = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
   return fd;
 }
+
+namespace {
 
 // A user namespace with the given maps, kept by an fd: the id mapping that
 // idmapped mounts (OP_IDMAP) apply. One per distinct mapping, made on first
@@ -271,29 +276,38 @@ void KillAndReap(int pidfd) {
   }
 }
 
-// The parent's side before the child may run anything: the id maps of a
-// new sandbox.
-bool ReleaseChild(const Plan& plan, int sync_write, pid_t pid, int pidfd, bool write_maps, SpawnReply& reply) {
+// The id maps of a new sandbox's user namespace, written before its child
+// may run anything. On failure the child is killed and reaped.
+bool WriteIdMaps(const Plan& plan, pid_t pid, int pidfd, SpawnReply& reply) {
   auto abort_child = [&](const std::string& what, int e) {
     KillAndReap(pidfd);
     return Fail(reply, what, e);
   };
+  if (!(plan.namespaces & NS_USER)) return true;
   int e = 0;
-  if (write_maps && (plan.namespaces & NS_USER)) {
-    for (const auto* mapper : {&plan.uid_mapper, &plan.gid_mapper}) {
-      std::string what;
-      if (mapper->empty() || RunMapper(*mapper, pid, what)) continue;
-      return abort_child("writing the sandbox's id maps: " + what, 0);
-    }
-    if (plan.deny_setgroups && !WriteProcFile(pid, "setgroups", "deny", e))
-      return abort_child("writing the sandbox's setgroups", e);
-    if (!plan.uid_map.empty() && !WriteProcFile(pid, "uid_map", plan.uid_map, e))
-      return abort_child("writing the sandbox's uid_map '" + plan.uid_map + "'", e);
-    if (!plan.gid_map.empty() && !WriteProcFile(pid, "gid_map", plan.gid_map, e))
-      return abort_child("writing the sandbox's gid_map '" + plan.gid_map + "'", e);
+  for (const auto* mapper : {&plan.uid_mapper, &plan.gid_mapper}) {
+    std::string what;
+    if (mapper->empty() || RunMapper(*mapper, pid, what)) continue;
+    return abort_child("writing the sandbox's id maps: " + what, 0);
   }
+  if (plan.deny_setgroups && !WriteProcFile(pid, "setgroups", "deny", e))
+    return abort_child("writing the sandbox's setgroups", e);
+  if (!plan.uid_map.empty() && !WriteProcFile(pid, "uid_map", plan.uid_map, e))
+    return abort_child("writing the sandbox's uid_map '" + plan.uid_map + "'", e);
+  if (!plan.gid_map.empty() && !WriteProcFile(pid, "gid_map", plan.gid_map, e))
+    return abort_child("writing the sandbox's gid_map '" + plan.gid_map + "'", e);
+  return true;
+}
+
+// The parent's side before the child may run anything: the id maps of a
+// new sandbox, then the byte that releases it.
+bool ReleaseChild(const Plan& plan, int sync_write, pid_t pid, int pidfd, bool write_maps, SpawnReply& reply) {
+  if (write_maps && !WriteIdMaps(plan, pid, pidfd, reply)) return false;
   char go = 1;
-  if (write(sync_write, &go, 1) != 1) return abort_child("releasing the sandbox child", errno);
+  if (write(sync_write, &go, 1) != 1) {
+    KillAndReap(pidfd);
+    return Fail(reply, "releasing the sandbox child", errno);
+  }
   return true;
 }
 
@@ -391,6 +405,93 @@ bool CloneSandbox(SpawnRequest& rq, SpawnReply& reply) {
   reply.pid = pid;
   reply.pidfd = pidfd;
   return true;
+}
+
+std::string PoolKey(const Plan& plan, bool enter) {
+  if (enter) return "enter";
+  std::string key = std::to_string(plan.namespaces) + (plan.deny_setgroups ? " deny\n" : "\n");
+  key += plan.uid_map + '\n' + plan.gid_map + '\n';
+  for (const auto* mapper : {&plan.uid_mapper, &plan.gid_mapper}) {
+    for (const std::string& arg : *mapper) key += arg + '\0';
+    key += '\n';
+  }
+  return key;
+}
+
+bool ClonePooledChild(const Plan& plan, bool enter, void (*entry)(int sock), PooledChild& pool, std::string& error) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) return error = ErrnoText("socketpair", errno), false;
+  // As in CloneSandbox: no signal reaches the child through our handlers.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int pidfd = -1;
+  long pid = Clone(enter ? 0 : NamespaceCloneFlags(plan.namespaces) | CLONE_NEWNS, &pidfd);
+  if (pid == 0) {
+    close(sv[0]);
+    entry(sv[1]);
+    _exit(127);
+  }
+  int clone_err = errno;
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  close(sv[1]);
+  SpawnReply maps;
+  if (pid < 0 || (!enter && !WriteIdMaps(plan, static_cast<pid_t>(pid), pidfd, maps))) {
+    error = pid < 0 ? ErrnoText("clone3", clone_err) : maps.what;
+    close(sv[0]);
+    if (pidfd >= 0) close(pidfd);
+    return false;
+  }
+  pool.pid = pid;
+  pool.pidfd = pidfd;
+  pool.sock = sv[0];
+  pool.key = PoolKey(plan, enter);
+  return true;
+}
+
+bool HandOffSandbox(SpawnRequest& rq, const std::string& payload, const std::vector<int>& fds, PooledChild& pool,
+                    SpawnReply& reply) {
+  PooledChild child = pool;
+  pool = PooledChild{};
+  FdSet owned;  // the socket and the host sources (the child gets its own copies)
+  owned.Add(child.sock);
+  auto discard = [&] {
+    sys::pidfd_send_signal(child.pidfd, SIGKILL);  // the spawner reaps it
+    close(child.pidfd);
+  };
+  if (!rq.enter && !CloneSourcesInParent(rq.plan, owned, reply)) {
+    discard();
+    return true;  // the request's own failure, as CloneSandbox reports it
+  }
+  std::string sources;
+  std::vector<int> source_fds;
+  wire::EncodeFds(rq.plan.source_fds, sources, source_fds);
+  // Then its start byte (StartChild). A child killed meanwhile takes
+  // nothing (the send fails) or dies before it starts (EOF): nothing of
+  // the request has run, and the caller clones it as usual.
+  char c = 0;
+  ssize_t n = -1;
+  if (wire::Send(child.sock, wire::Kind::Spawn, payload, fds) &&
+      wire::Send(child.sock, wire::Kind::Sources, sources, source_fds)) {
+    do n = read(child.sock, &c, 1); while (n < 0 && errno == EINTR);
+  }
+  if (n != 1) {
+    discard();
+    rq.plan.source_fds.clear();
+    reply = SpawnReply{};
+    return false;
+  }
+  reply.pid = child.pid;
+  reply.pidfd = child.pidfd;
+  return true;
+}
+
+void DiscardPooledChild(PooledChild& pool) {
+  if (pool.pid < 0) return;
+  sys::pidfd_send_signal(pool.pidfd, SIGKILL);
+  close(pool.pidfd);
+  close(pool.sock);
+  pool = PooledChild{};
 }
 
 // Where this process's argv and environment lie in its memory, for PID 1 to

@@ -51,6 +51,51 @@ struct SpawnReply {
 // `request`.
 bool CloneSandbox(SpawnRequest& request, SpawnReply& reply);
 
+// A child cloned before its request, which the spawner keeps one of for new
+// sandboxes and one for monitors (`enter`). A sandbox's has its namespaces
+// made and its id maps written, and waits on its socket for a request with
+// the same namespaces and maps. Why: making the namespaces is the dearest
+// step of a start (the network namespace above all, about a millisecond on
+// the machines this was measured on), and a clone's first steps are slow
+// where page faults are (a hypervisor shadowing page tables): both are paid
+// while the caller does other things, not on the start's path. The child is
+// a copy of the spawner as it was then, mount table included: the spawner
+// hands it a new sandbox only while the host's mounts are unchanged since
+// (see spawner.cc).
+struct PooledChild {
+  long pid = -1;
+  int pidfd = -1;
+  int sock = -1;        // ours: the request goes out here, the child's start byte comes back
+  std::string key;      // PoolKey of the plan it was made for
+  const void* prefix = nullptr;  // the spawner's kept prefix when it was made (spawner.cc)
+};
+
+// What a pooled child shares with the plan it was made for, and must share
+// with a plan to serve it: for a new sandbox the namespaces and the id maps;
+// a monitor (`enter`) is made in none, for any command.
+std::string PoolKey(const Plan& plan, bool enter);
+
+// Clones `pool` for plans like `plan`; the child runs `entry` with its end
+// of the socket, and never returns. False with `error` if it cannot be made
+// (the pool stays empty; the next request clones as usual).
+bool ClonePooledChild(const Plan& plan, bool enter, void (*entry)(int sock), PooledChild& pool, std::string& error);
+
+// CloneSandbox's work done with the pooled child instead of a new clone:
+// clones the plan's host sources, sends them with the request (`payload`
+// and `fds` as received) and waits until the child runs. The pool is empty
+// afterwards, whatever happens. True once the request is handled as
+// CloneSandbox would (reply.pid, or reply.what); false if the child was
+// gone (killed meanwhile): nothing of the request was used, and the caller
+// clones it as usual.
+bool HandOffSandbox(SpawnRequest& request, const std::string& payload, const std::vector<int>& fds, PooledChild& pool,
+                    SpawnReply& reply);
+
+// Kills the pooled child, if any (the spawner reaps it).
+void DiscardPooledChild(PooledChild& pool);
+
+// This process's own pidfd, which every child inherits (see DieWithParent).
+int OwnerPidfd();
+
 // One fd a helper program starts with: `target` opened from `path`, or a
 // copy (dup2) of our `source`.
 struct HelperFd {

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "child.h"
+#include "child_internal.h"
 #include "spawn.h"
 #include "sys.h"
 #include "wire.h"
@@ -87,18 +88,121 @@ bool ResolvePrefix(SpawnRequest& rq) {
   return g_prefix != nullptr;
 }
 
+// /proc/self/mountinfo, polled for the kernel's word that the mount table
+// changed (POLLPRI): a pooled sandbox child's mount namespace is a copy of
+// the table as it was when the child was made. -1: no pooled sandboxes.
+int g_mountinfo = -1;
+
+// Whether the mount table changed since the last call; each call takes the
+// news, so the call before a pooled child is made starts a new watch.
+bool MountsChanged() {
+  if (g_mountinfo < 0) return true;
+  struct pollfd p = {g_mountinfo, POLLPRI, 0};
+  return poll(&p, 1, 0) != 0;
+}
+
+// A child cloned ahead (PooledChild), for new sandboxes or for monitors
+// (`enter`), and what the next one is to be made for: the last request's
+// namespaces and maps (only its PoolKey fields are kept), once the spawner
+// has been idle for kRefillIdleMs. Not at once: making namespaces takes the
+// kernel's locks that the new sandbox's PID 1 takes for its mounts and its
+// loopback, and a fork competes with the command just started; a pause in
+// the requests means both are done.
+struct Pool {
+  bool enter;
+  PooledChild child;
+  std::unique_ptr<Plan> refill;
+};
+Pool g_sandboxes{false, {}, nullptr};
+Pool g_monitors{true, {}, nullptr};
+constexpr int kRefillIdleMs = 10;
+
+Pool& PoolFor(const SpawnRequest& rq) { return rq.enter ? g_monitors : g_sandboxes; }
+
+// Whether the pooled child can be this request's: a monitor for any
+// command; for a new sandbox, one made with its namespaces and maps, while
+// the host's mounts are as the child saw them and the kept prefix (the
+// child has its own copy) is the one it was made with.
+bool PoolServes(const SpawnRequest& rq) {
+  const PooledChild& c = PoolFor(rq).child;
+  if (c.pid < 0 || c.key != PoolKey(rq.plan, rq.enter)) return false;
+  if (rq.enter) return true;
+  if (rq.prefix_cached && c.prefix != g_prefix.get()) return false;
+  return !MountsChanged();
+}
+
+// A pooled child (ClonePooledChild): this process as it was, in the
+// namespaces of the last sandbox or in none (a monitor), waiting for a
+// request; from then on it is that request's child, as if just cloned for
+// it.
+[[noreturn]] void RunPooledChild(int sock) {
+  // Dies with us while it waits; StartChild arms the plan's own choice.
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  prctl(PR_SET_NAME, "msbx-pooled", 0, 0, 0);
+  int owner = OwnerPidfd();
+  int keep[2] = {sock, owner};
+  child::CloseAllExcept(keep, 2);
+  struct pollfd alive = {owner, POLLIN, 0};
+  if (poll(&alive, 1, 0) != 0) _exit(0);  // we died before the death signal was armed
+  wire::Kind kind;
+  std::string payload, sources, error;
+  std::vector<int> fds, source_fds;
+  if (wire::Receive(sock, kind, payload, fds) <= 0 || kind != wire::Kind::Spawn) _exit(0);
+  if (wire::Receive(sock, kind, sources, source_fds) <= 0 || kind != wire::Kind::Sources) _exit(0);
+  SpawnRequest rq;
+  if (!wire::DecodeRequest(payload, fds, rq, error) || !ResolvePrefix(rq) ||
+      !wire::DecodeFds(sources, source_fds, rq.plan.source_fds))
+    _exit(127);  // the spawner decoded it just before: cannot happen
+  if (!rq.plan.die_with_parent) prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
+  void* stack = mmap(nullptr, kChildStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED) _exit(127);
+  ChildFds cfds{-1, -1, sock, rq.err_write, rq.status_write, rq.pty_socket, rq.control_read, owner,
+                static_cast<char*>(stack) + kChildStackSize};
+  if (rq.enter) RunEnter(rq.plan, cfds, rq.target_pidfd);
+  RunChild(rq.plan, cfds);
+}
+
+void NoteRefill(Pool& pool, const Plan& plan) {
+  if (pool.child.pid >= 0 || (!pool.enter && g_mountinfo < 0)) return;
+  pool.refill = std::make_unique<Plan>();
+  if (pool.enter) return;  // a monitor is made in no namespace of its own
+  pool.refill->namespaces = plan.namespaces;
+  pool.refill->uid_map = plan.uid_map;
+  pool.refill->gid_map = plan.gid_map;
+  pool.refill->uid_mapper = plan.uid_mapper;
+  pool.refill->gid_mapper = plan.gid_mapper;
+  pool.refill->deny_setgroups = plan.deny_setgroups;
+}
+
+void Refill(Pool& pool) {
+  std::unique_ptr<Plan> plan = std::move(pool.refill);
+  if (!plan || pool.child.pid >= 0) return;
+  if (!pool.enter) MountsChanged();
+  std::string error;
+  // Nothing to report if it fails: the next request clones as usual.
+  if (ClonePooledChild(*plan, pool.enter, RunPooledChild, pool.child, error)) pool.child.prefix = g_prefix.get();
+}
+
 void Handle(int sock, const std::string& payload, std::vector<int>& fds) {
   SpawnRequest rq;
   SpawnReply reply;
   std::string error;
+  bool decoded = false;
   if (!wire::DecodeRequest(payload, fds, rq, error)) {
     reply.what = error;
     g_prefix = nullptr;  // the addon resends it after any failed request
   } else if (!ResolvePrefix(rq)) {
     reply.what = "the spawn request names a host root the spawner does not hold";
-  } else if (CloneSandbox(rq, reply)) {
-    int keep = fcntl(rq.status_write, F_DUPFD_CLOEXEC, 0);
-    if (keep >= 0) g_status_fds[static_cast<pid_t>(reply.pid)] = keep;
+  } else {
+    decoded = true;
+    Pool& pool = PoolFor(rq);
+    bool pooled = PoolServes(rq);
+    if (!pooled) DiscardPooledChild(pool.child);  // made for other namespaces or mounts
+    bool handed_off = pooled && HandOffSandbox(rq, payload, fds, pool.child, reply);
+    if (handed_off ? reply.pid > 0 : CloneSandbox(rq, reply)) {
+      int keep = fcntl(rq.status_write, F_DUPFD_CLOEXEC, 0);
+      if (keep >= 0) g_status_fds[static_cast<pid_t>(reply.pid)] = keep;
+    }
   }
   // Every fd that came with the request was the child's to inherit: the
   // child has its copies now, ours go (no fd of Node's stays here).
@@ -110,6 +214,7 @@ void Handle(int sock, const std::string& payload, std::vector<int>& fds) {
   bool sent = wire::Send(sock, wire::Kind::Reply, out, out_fds);
   if (reply.pidfd >= 0) close(reply.pidfd);
   if (!sent) _exit(0);  // Node is gone; our children die with us
+  if (decoded) NoteRefill(PoolFor(rq), rq.plan);
 }
 
 // The size of a huge page on x86-64 and on arm64 with 4 KiB pages.
@@ -198,6 +303,7 @@ int Main(int argc, char** argv) {
   fcntl(kSocketFd, F_SETFD, FD_CLOEXEC);
   signal(SIGPIPE, SIG_IGN);
   RecordChangedSignals();
+  g_mountinfo = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
   sigset_t chld;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);
@@ -215,9 +321,15 @@ int Main(int argc, char** argv) {
   std::vector<int> fds;
   for (;;) {
     struct pollfd p[2] = {{kSocketFd, POLLIN, 0}, {sfd, POLLIN, 0}};
-    if (poll(p, 2, -1) < 0) {
+    int ready = poll(p, 2, g_sandboxes.refill || g_monitors.refill ? kRefillIdleMs : -1);
+    if (ready < 0) {
       if (errno == EINTR) continue;
       return 1;
+    }
+    if (ready == 0) {
+      Refill(g_sandboxes);
+      Refill(g_monitors);
+      continue;
     }
     if (p[1].revents & POLLIN) {
       struct signalfd_siginfo si;

@@ -259,6 +259,28 @@ bool DecodeReply(const std::string& in, const std::vector<int>& fds, SpawnReply&
 
 namespace {
 
+struct FdList {
+  std::vector<int> values;
+};
+
+template <class V>
+void Visit(V& v, FdList& l) {
+  v.List(l.values, [&](int& fd) { v.Fd(fd); });
+}
+
+}  // namespace
+
+void EncodeFds(const std::vector<int>& values, std::string& out, std::vector<int>& fds) { Encode(FdList{values}, out, fds); }
+
+bool DecodeFds(const std::string& in, const std::vector<int>& fds, std::vector<int>& values) {
+  FdList l;
+  if (!Decode(in, fds, l)) return false;
+  values = std::move(l.values);
+  return true;
+}
+
+namespace {
+
 bool WriteAll(int sock, const char* p, size_t n) {
   while (n > 0) {
     ssize_t w = send(sock, p, n, MSG_NOSIGNAL);

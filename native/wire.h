@@ -29,6 +29,7 @@ enum class Kind : uint32_t {
   Hello = 1,   // spawner -> addon, once: payload = its pid
   Spawn = 2,   // addon -> spawner: a SpawnRequest
   Reply = 3,   // spawner -> addon: a SpawnReply, its pidfd attached
+  Sources = 4, // spawner -> its pooled child, after the Spawn it hands on: plan.source_fds
 };
 
 struct Header {
@@ -49,6 +50,11 @@ bool DecodeRequest(const std::string& in, const std::vector<int>& fds, SpawnRequ
 
 void EncodeReply(const SpawnReply& reply, std::string& out, std::vector<int>& fds);
 bool DecodeReply(const std::string& in, const std::vector<int>& fds, SpawnReply& reply);
+
+// A list of fd fields (plan.source_fds: fds, or -errno where none could be
+// made), as Fd() sends each.
+void EncodeFds(const std::vector<int>& values, std::string& out, std::vector<int>& fds);
+bool DecodeFds(const std::string& in, const std::vector<int>& fds, std::vector<int>& values);
 
 // Sends one message; false with errno set (EPIPE: the peer is gone).
 bool Send(int sock, Kind kind, const std::string& payload, const std::vector<int>& fds);

@@ -4,9 +4,10 @@
  * fails a request it died during with a named error, leaks no fd, leaves no
  * zombie, and carries 256 concurrent creates.
  */
-import { fork, spawnSync } from 'node:child_process';
-import { chmodSync, readdirSync, readFileSync, readlinkSync, writeFileSync } from 'node:fs';
+import { execFileSync, fork, spawnSync } from 'node:child_process';
+import { chmodSync, mkdirSync, readdirSync, readFileSync, readlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ExecError, NamespaceError, Sandbox, SpawnerError, run } from '../../lib/sandbox/index.js';
 import { native, setSpawnMode, type NativePlan } from '../../lib/native/index.js';
@@ -168,6 +169,8 @@ describe('the spawner', () => {
     await using sb = await create();
     const spawner = await runningSpawner();
     await sb.exec(['/bin/true']);
+    // Once idle the spawner has made its pooled children, with their fds.
+    await sleep(100);
     const nodeBefore = fdCount('self');
     const spawnerBefore = fdCount(spawner);
     for (let i = 0; i < 100; i++) {
@@ -184,9 +187,10 @@ describe('the spawner', () => {
     const r = await sb.exec(['/bin/ls', '/proc/self/fd']);
     expect(r.stdout.trim().split('\n').sort()).toEqual(['0', '1', '2', '3']);
     // And the spawner holds: stdio, its socket, its signalfd, its own pidfd,
-    // an idmap user namespace (root), and one status pipe per live child
-    // (here the sandbox's PID 1).
-    expect(await waitFor(() => fdCount(spawner) <= 8), `${fdCount(spawner)} fds in the spawner`).toBe(true);
+    // /proc/self/mountinfo (watched for the pool), an idmap user namespace
+    // (root), one status pipe per live child (here the sandbox's PID 1), and
+    // a pidfd and a socket per pooled child (one sandbox, one monitor).
+    expect(await waitFor(() => fdCount(spawner) <= 13), `${fdCount(spawner)} fds in the spawner`).toBe(true);
   }, 120_000);
 
   it('creates 256 sandboxes at once, each running a command', async () => {
@@ -202,6 +206,8 @@ describe('the spawner', () => {
 
   it('starts with /dev/null on 0-2, its socket on 3, no environment, and no ignored signal of Node\'s', async () => {
     const spawner = await runningSpawner();
+    // Idle: not in the middle of making a pooled child, with every signal blocked around the clone.
+    await sleep(100);
     const fds = [0, 1, 2, 3].map((fd) => readlinkSync(`/proc/${spawner}/fd/${fd}`));
     expect(fds.slice(0, 3)).toEqual(['/dev/null', '/dev/null', '/dev/null']);
     expect(fds[3]).toMatch(/^socket:\[\d+\]$/);
@@ -282,5 +288,123 @@ describe('the spawner', () => {
       expect(setSpawnMode('spawner').mode).toBe('spawner');
     }
     expect((await run({ argv: ['/bin/sh', '-c', 'echo spawner'] })).stdout).toBe('spawner\n');
+  });
+});
+
+describe("the spawner's pooled children", () => {
+  // The spawner makes the next sandbox's child (its namespaces, its id
+  // maps) and the next command's monitor once it has been idle for 10 ms.
+  const idle = () => sleep(100);
+
+  /** The spawner's children made ahead, waiting for a request. */
+  function pooled(spawner: number): number[] {
+    return readdirSync('/proc')
+      .filter((e) => /^\d+$/.test(e))
+      .map(Number)
+      .filter((pid) => {
+        try {
+          return readFileSync(`/proc/${pid}/comm`, 'utf8').trim() === 'msbx-pooled' && parentPid(pid) === spawner;
+        } catch {
+          return false;
+        }
+      });
+  }
+
+  const namespacesOf = async (sb: Sandbox) =>
+    (await sb.exec(['/bin/sh', '-c', 'for n in net user mnt pid ipc uts; do readlink /proc/self/ns/$n; done'])).stdout.trim().split('\n');
+  const hostNamespaces = () => ['net', 'user', 'mnt', 'pid', 'ipc', 'uts'].map((n) => readlinkSync(`/proc/self/ns/${n}`));
+
+  it('serve the next sandbox and command after a pause, each in namespaces of its own', async () => {
+    const spawner = await runningSpawner();
+    await using first = await create();
+    const firstNs = await namespacesOf(first);
+    await idle();
+    const ahead = pooled(spawner);
+    expect(ahead).toHaveLength(2);
+    await using sb = await create();
+    // Its PID 1 is the child made ahead, and so is its command's monitor.
+    expect(ahead).toContain(sb.pid);
+    const cmd = sb.spawn(['/bin/sh', '-c', 'readlink /proc/self/ns/net; exit 7'], { stdout: 'pipe' });
+    expect(ahead).toContain(cmd.pid);
+    let out = '';
+    cmd.stdout!.on('data', (c: Buffer) => (out += c));
+    expect(await cmd.exited).toEqual({ exitCode: 7, signal: null });
+    const ns = await namespacesOf(sb);
+    expect(out.trim()).toBe(ns[0]);
+    // Nothing shared with the sandbox before it, nor with the host.
+    const host = hostNamespaces();
+    ns.forEach((n, i) => {
+      expect(n).not.toBe(firstNs[i]);
+      expect(n).not.toBe(host[i]);
+    });
+    // The sandbox works as any: its own hostname, pids, a writable /tmp.
+    const r = await sb.exec(['/bin/sh', '-c', 'hostname; echo $$; echo x > /tmp/x && cat /tmp/x']);
+    const [hostname, pid, x] = r.stdout.trim().split('\n');
+    expect([hostname, x]).toEqual([sb.id, 'x']);
+    expect(Number(pid)).toBeGreaterThan(1);
+    expect(Number(pid)).toBeLessThan(100);
+  });
+
+  it('killed meanwhile cost nothing: the sandbox and the command are cloned as usual', async () => {
+    const spawner = await runningSpawner();
+    {
+      await using sb = await create();
+      await sb.exec(['/bin/true']);
+    }
+    await idle();
+    const ahead = pooled(spawner);
+    expect(ahead).toHaveLength(2);
+    for (const pid of ahead) process.kill(pid, 'SIGKILL');
+    expect(await waitFor(() => ahead.every((pid) => !isRunning(pid)))).toBe(true);
+    await using sb = await create();
+    expect(ahead).not.toContain(sb.pid);
+    const cmd = sb.spawn(['/bin/sh', '-c', 'echo ok'], { stdout: 'pipe' });
+    expect(ahead).not.toContain(cmd.pid);
+    expect(await cmd.exited).toEqual({ exitCode: 0, signal: null });
+    expect(await waitFor(() => zombiesOf(spawner).length === 0)).toBe(true);
+  });
+
+  it('are not used for a sandbox whose namespaces differ, nor left in its way', async () => {
+    const host = readlinkSync('/proc/self/ns/net');
+    for (const network of ['none', 'host', 'host', 'none', 'host'] as const) {
+      await idle();
+      await using sb = await create({ network });
+      const [net] = await namespacesOf(sb);
+      if (network === 'host') expect(net).toBe(host);
+      else expect(net).not.toBe(host);
+    }
+  });
+
+  it.skipIf(process.getuid?.() !== 0)('see the host\'s mounts as they are at the start, not as they were when made (root: mounts on the host)', async () => {
+    const dir = tempDir('msbx-pool-mount-');
+    const source = join(dir.path, 'src');
+    // Without a user namespace root's binds are made by the child, from its
+    // copy of the mount table (with one, the spawner clones them itself).
+    const bind = { namespaces: { user: false }, mounts: [{ type: 'bind' as const, source, target: '/mnt/src' }] };
+    try {
+      // Under a private mount: a mount made there later does not propagate
+      // into copies of the table (on a shared one it would, and the test
+      // would pass however old the pooled child's copy).
+      execFileSync('mount', ['-t', 'tmpfs', 'tmpfs', dir.path]);
+      execFileSync('mount', ['--make-private', dir.path]);
+      mkdirSync(source);
+      await (await create(bind)).close();
+      await idle();
+      // Mounted after the pooled child was made: a copy of the old table would show the empty directory.
+      execFileSync('mount', ['-t', 'tmpfs', 'tmpfs', source]);
+      writeFileSync(join(source, 'marker'), 'mounted\n');
+      {
+        await using sb = await create(bind);
+        expect((await sb.exec(['/bin/cat', '/mnt/src/marker'])).stdout).toBe('mounted\n');
+      }
+      await idle();
+      execFileSync('umount', [source]);
+      await using sb = await create(bind);
+      expect((await sb.exec(['/bin/ls', '-A', '/mnt/src'])).stdout).toBe('');
+    } finally {
+      spawnSync('umount', [source]);
+      spawnSync('umount', [dir.path]);
+      dir.remove();
+    }
   });
 });
