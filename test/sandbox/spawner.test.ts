@@ -36,20 +36,26 @@ async function runningSpawner(): Promise<number> {
 
 const fdCount = (pid: number | 'self') => readdirSync(`/proc/${pid}/fd`).length;
 
-/** Children of `parent` that are zombies (exited, never reaped). */
-function zombiesOf(parent: number): number[] {
+/** Children of `parent` for which `is` holds (one gone meanwhile is none). */
+function childrenOf(parent: number, is: (pid: number) => boolean): number[] {
   return readdirSync('/proc')
     .filter((e) => /^\d+$/.test(e))
     .map(Number)
     .filter((pid) => {
       try {
-        const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-        return stat.slice(stat.lastIndexOf(')') + 2)[0] === 'Z' && parentPid(pid) === parent;
+        return parentPid(pid) === parent && is(pid);
       } catch {
         return false;
       }
     });
 }
+
+/** Children of `parent` that are zombies (exited, never reaped). */
+const zombiesOf = (parent: number) =>
+  childrenOf(parent, (pid) => {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2)[0] === 'Z';
+  });
 
 describe('the spawner', () => {
   it('is a small process of its own, child of Node, parent of the sandboxes', async () => {
@@ -297,18 +303,7 @@ describe("the spawner's pooled children", () => {
   const idle = () => sleep(100);
 
   /** The spawner's children made ahead, waiting for a request. */
-  function pooled(spawner: number): number[] {
-    return readdirSync('/proc')
-      .filter((e) => /^\d+$/.test(e))
-      .map(Number)
-      .filter((pid) => {
-        try {
-          return readFileSync(`/proc/${pid}/comm`, 'utf8').trim() === 'msbx-pooled' && parentPid(pid) === spawner;
-        } catch {
-          return false;
-        }
-      });
-  }
+  const pooled = (spawner: number) => childrenOf(spawner, (pid) => readFileSync(`/proc/${pid}/comm`, 'utf8').trim() === 'msbx-pooled');
 
   const namespacesOf = async (sb: Sandbox) =>
     (await sb.exec(['/bin/sh', '-c', 'for n in net user mnt pid ipc uts; do readlink /proc/self/ns/$n; done'])).stdout.trim().split('\n');
